@@ -1,0 +1,106 @@
+"""Audio access for every stage: header probing now, decoding/resampling as later stages need it.
+
+Audio is read with soundfile, never with ``torchaudio.load``: in torchaudio 2.9 that goes through
+torchcodec/FFmpeg and is about 30x slower (DESIGN.md). A wav.scp entry is a path, or a Kaldi pipe
+``cmd |`` whose standard output is an audio file.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+
+import soundfile as sf
+
+# Reading the last samples catches a compressed file (FLAC) cut short: its header still promises
+# the full length, and only decoding the tail fails.
+_TAIL_SECONDS = 0.1
+# libsndfile clamps a truncated WAV's length to the bytes present and notes the mismatch as
+# "data : 32000 (should be 15978)" in its chunk log; that note is the only trace of the cut.
+_WAV_SHORT_DATA = re.compile(r"^data\s*:\s*\d+\s*\(should be \d+\)", re.MULTILINE)
+PIPE_TIMEOUT_S = 120
+
+
+class AudioError(Exception):
+    """An audio entry that cannot be used; ``reason`` is a stable identifier for reports."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class AudioInfo:
+    """What the header says about one audio entry."""
+
+    sample_rate: int
+    channels: int
+    frames: int
+    subtype: str  # e.g. PCM_16, PCM_24, FLOAT
+
+    @property
+    def duration(self) -> float:
+        return self.frames / self.sample_rate
+
+
+def is_pipe(source: str) -> bool:
+    """True for a Kaldi pipe entry (``cmd args |``)."""
+    return source.rstrip().endswith("|")
+
+
+def run_pipe(source: str) -> bytes:
+    """Run a Kaldi pipe entry and return its standard output; raises AudioError(pipe_failed)."""
+    cmd = source.rstrip()[:-1]
+    try:
+        proc = subprocess.run(cmd, shell=True, capture_output=True, timeout=PIPE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise AudioError("pipe_failed", f"'{cmd}' ran over {PIPE_TIMEOUT_S}s") from e
+    if proc.returncode != 0:
+        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise AudioError("pipe_failed", f"'{cmd}' exited {proc.returncode}: {err[-1] if err else ''}")
+    return proc.stdout
+
+
+def probe_audio(source: str) -> AudioInfo:
+    """Read an entry's header (and its last 0.1 s, to catch truncation); raises AudioError.
+
+    Reasons: missing_file, unreadable_audio, truncated_audio, empty_audio, pipe_failed.
+    """
+    if is_pipe(source):
+        data = run_pipe(source)
+        if not data:
+            raise AudioError("pipe_failed", f"'{source}' wrote no output")
+        target: str | io.BytesIO = io.BytesIO(data)
+    else:
+        if not os.path.exists(source):
+            raise AudioError("missing_file", f"no such file: {source}")
+        if not os.path.isfile(source):
+            raise AudioError("unreadable_audio", f"not a regular file: {source}")
+        target = source
+    try:
+        f = sf.SoundFile(target)
+    except (sf.LibsndfileError, RuntimeError, ValueError) as e:
+        # An unknown format, a mangled header, or no audio at all.
+        raise AudioError("unreadable_audio", f"{source}: {e}") from e
+    with f:
+        info = AudioInfo(f.samplerate, f.channels, f.frames, f.subtype)
+        if info.frames == 0:
+            raise AudioError("empty_audio", f"0 samples: {source}")
+        short = _WAV_SHORT_DATA.search(f.extra_info) if f.format == "WAV" else None
+        if short:
+            raise AudioError("truncated_audio",
+                             f"{source}: header says more than the file holds ({short.group(0)})")
+        tail = min(info.frames, max(1, int(_TAIL_SECONDS * info.sample_rate)))
+        try:
+            f.seek(info.frames - tail)
+            got = len(f.read(tail, dtype="int16", always_2d=True))
+        except (sf.LibsndfileError, RuntimeError, ValueError) as e:
+            raise AudioError("truncated_audio", f"{source}: decoding the last samples failed: {e}") from e
+        if got < tail:
+            raise AudioError("truncated_audio",
+                             f"{source}: header says {info.frames} samples, the data ends early")
+    return info

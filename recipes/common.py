@@ -1,0 +1,215 @@
+"""Shared helpers of the corpus recipes: write Kaldi data dirs and the corpus description.
+
+Every recipe (``recipes/<corpus>/prepare.py``) turns one corpus in its upstream layout into
+``data/<set>/{wav.scp,text,utt2spk,spk2utt[,utt2lang,utt2emo,utt2event]}`` and ``data/corpus.json``.
+Validation is not done here: stage 0's ``local.prepare_data`` checks every line afterwards, so a recipe
+copies what the corpus says and never drops or repairs an utterance on its own.
+
+  python -m recipes.fsdd.prepare --corpus-dir corpora/free-spoken-digit-dataset --data-dir data
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from local.log_utils import setup_logging
+
+
+@dataclass
+class Utt:
+    """One utterance as a recipe found it. ``path`` is absolute (or a ``cmd |`` pipe)."""
+
+    key: str
+    path: str
+    text: str
+    speaker: str
+    language: str | None = None  # written to utt2lang when any utterance of the set has one
+    emotion: str | None = None  # utt2emo
+    event: str | None = None  # utt2event
+
+
+@dataclass
+class CorpusInfo:
+    """What stage 0 and later stages need to know about a prepared corpus (``data/corpus.json``)."""
+
+    corpus: str
+    corpus_dir: str
+    train_set: str
+    valid_set: str
+    test_sets: list[str]
+    language: str  # declared language of utterances without utt2lang (SenseVoice code: en, zh, ...)
+    emotion: str = "NEUTRAL"  # declared emotion tag for utterances without utt2emo
+    event: str = "Speech"  # declared event tag for utterances without utt2event
+    itn: str = "woitn"  # "withitn" when transcripts keep punctuation and case
+    sets: list[str] = field(default_factory=list)  # every set written under data/
+
+    def __post_init__(self) -> None:
+        if not self.sets:
+            self.sets = sorted({self.train_set, self.valid_set, *self.test_sets})
+
+
+def write_kaldi_set(set_dir: Path, utts: Iterable[Utt]) -> int:
+    """Write one Kaldi data dir, sorted by key; returns the number of utterances.
+
+    Writes set_dir/{wav.scp,text,utt2spk,spk2utt} and utt2lang/utt2emo/utt2event for the tags that
+    any utterance carries. Keys must already be unique and start with the speaker id (Kaldi's rule,
+    so that sorting by key also groups speakers).
+    """
+    utts = sorted(utts, key=lambda u: u.key)
+    set_dir.mkdir(parents=True, exist_ok=True)
+    columns = {"wav.scp": "path", "text": "text", "utt2spk": "speaker",
+               "utt2lang": "language", "utt2emo": "emotion", "utt2event": "event"}
+    for name, attr in columns.items():
+        values = [(u.key, getattr(u, attr)) for u in utts]
+        if name.startswith("utt2") and name != "utt2spk" and all(v is None for _, v in values):
+            (set_dir / name).unlink(missing_ok=True)
+            continue
+        with open(set_dir / name, "w", encoding="utf-8") as f:
+            for key, value in values:
+                f.write(f"{key} {'' if value is None else value}\n")
+    spk2utt: dict[str, list[str]] = {}
+    for u in utts:
+        spk2utt.setdefault(u.speaker, []).append(u.key)
+    with open(set_dir / "spk2utt", "w", encoding="utf-8") as f:
+        for spk in sorted(spk2utt):
+            f.write(f"{spk} {' '.join(spk2utt[spk])}\n")
+    return len(utts)
+
+
+def write_corpus_info(data_dir: Path, info: CorpusInfo) -> Path:
+    """Write data_dir/corpus.json, which run.sh and the later stages read the set names from."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "corpus.json"
+    path.write_text(json.dumps(asdict(info), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def read_corpus_info(data_dir: Path) -> CorpusInfo:
+    """Read data_dir/corpus.json as written by write_corpus_info."""
+    return CorpusInfo(**json.loads((data_dir / "corpus.json").read_text(encoding="utf-8")))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Helpers shared by the recipes' programs: layout checks, speaker splits, logging of what went where.
+
+log = logging.getLogger(__name__)
+
+
+class CorpusLayoutError(Exception):
+    """The corpus directory does not have the layout a recipe expects (wrong --corpus-dir?)."""
+
+
+def require(path: Path, what: str) -> Path:
+    """Return ``path`` if it exists, else raise CorpusLayoutError naming the expected path."""
+    if not path.exists():
+        raise CorpusLayoutError(f"expected {what} at {path}, but it does not exist "
+                                f"(is --corpus-dir the corpus in its upstream layout?)")
+    return path
+
+
+def split_list(value: str) -> list[str]:
+    """Split an option value given as ``"a b"`` or ``"a,b"`` into its non-empty items, in order."""
+    return [item for item in re.split(r"[\s,]+", value) if item]
+
+
+def resolve_audio(entry: str, root: Path) -> str:
+    """Absolute form of a wav.scp value: a ``cmd |`` pipe or an absolute path is kept, a relative
+    path is resolved against ``root`` (the way the corpus's own data prep prefixes its directory)."""
+    if entry.rstrip().endswith("|") or Path(entry).is_absolute():
+        return entry
+    return str(root.resolve() / entry)
+
+
+def read_table(path: Path) -> list[tuple[str, str]]:
+    """``(key, value)`` of every non-blank line of a UTF-8 Kaldi table, in file order (duplicates kept)."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            parts = line.strip().split(None, 1)
+            if parts:
+                rows.append((parts[0], parts[1].strip() if len(parts) > 1 else ""))
+    return rows
+
+
+def read_kaldi_dir(src: Path, root: Path) -> list[Utt]:
+    """Utterances of a public corpus's Kaldi dir ``src/{wav.scp,text,utt2spk}``, one per wav.scp line.
+
+    Relative audio paths are resolved against ``root``. Nothing is dropped: a key without text gets an
+    empty transcript and a key without utt2spk entry is its own speaker (both logged), so that the
+    validator reports them.
+    """
+    for name in ("wav.scp", "text", "utt2spk"):
+        require(src / name, f"the Kaldi file {name}")
+    try:
+        wavs = read_table(src / "wav.scp")
+        text, spk = dict(read_table(src / "text")), dict(read_table(src / "utt2spk"))
+    except UnicodeDecodeError as e:
+        raise CorpusLayoutError(f"{src}: a Kaldi file is not UTF-8 ({e})") from e
+    utts = [Utt(key, resolve_audio(path, root), text.get(key, ""), spk.get(key, key)) for key, path in wavs]
+    keys = {key for key, _ in wavs}
+    for what, missing in (("no text", keys - text.keys()), ("no utt2spk entry", keys - spk.keys()),
+                          ("text but no wav.scp entry", text.keys() - keys)):
+        if missing:
+            log.warning("%s: %d keys have %s, e.g. %s", src, len(missing), what, sorted(missing)[:5])
+    return utts
+
+
+def split_by_speakers(utts: list[Utt], dev_speakers: Iterable[str]) -> tuple[list[Utt], list[Utt]]:
+    """Split utterances into (train, dev): dev holds every utterance of ``dev_speakers``.
+
+    Raises CorpusLayoutError when a dev speaker does not occur or when no training speaker is left.
+    """
+    dev_speakers = set(dev_speakers)
+    speakers = {u.speaker for u in utts}
+    if unknown := sorted(dev_speakers - speakers):
+        raise CorpusLayoutError(f"dev speakers {unknown} are not in the corpus; its speakers are "
+                                f"{sorted(speakers)[:20]}{' ...' if len(speakers) > 20 else ''}")
+    if not speakers - dev_speakers:
+        raise CorpusLayoutError(f"no training speaker is left after holding out {sorted(dev_speakers)}")
+    train = [u for u in utts if u.speaker not in dev_speakers]
+    return train, [u for u in utts if u.speaker in dev_speakers]
+
+
+def log_set(set_dir: Path, n_utts: int, n_speakers: int) -> None:
+    """Log how many utterances and speakers went to one set."""
+    log.info("%s: %d utterances, %d speakers", set_dir, n_utts, n_speakers)
+
+
+def write_sets(data_dir: Path, sets: dict[str, list[Utt]]) -> None:
+    """write_kaldi_set for every ``{set name: utterances}`` under data_dir, logging each set's size."""
+    for name, utts in sets.items():
+        n = write_kaldi_set(data_dir / name, utts)
+        log_set(data_dir / name, n, len({u.speaker for u in utts}))
+
+
+def recipe_parser(doc: str | None, default_corpus_dir: Path | None = None) -> argparse.ArgumentParser:
+    """Argument parser with the options every recipe has: --corpus-dir and --data-dir."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus-dir", type=Path, default=default_corpus_dir,
+                        required=default_corpus_dir is None, help="the corpus in its upstream layout"
+                        + (" (default: %(default)s)" if default_corpus_dir else ""))
+    parser.add_argument("--data-dir", type=Path, default=Path("data"),
+                        help="where data/<set>/ and corpus.json are written (default: %(default)s)")
+    return parser
+
+
+def run_recipe(prepare: Callable[..., CorpusInfo], **kwargs: Any) -> CorpusInfo:
+    """Call a recipe's ``prepare(**kwargs)`` from its ``main()``: set up logging, turn a layout error
+    into a one-line message and exit status 1, and log what corpus.json now says."""
+    setup_logging()
+    try:
+        info = prepare(**kwargs)
+    except CorpusLayoutError as e:
+        log.error("%s", e)
+        sys.exit(1)
+    log.info("%s: train_set=%s valid_set=%s test_sets=%s language=%s", kwargs.get("data_dir", ""),
+             info.train_set, info.valid_set, " ".join(info.test_sets), info.language)
+    return info

@@ -1,0 +1,221 @@
+"""The user's own Kaldi data dirs -> data/<set>/, byte for byte.
+
+Reads  either several data dirs <corpus-dir>/<set>/{wav.scp,text,utt2spk[,spk2utt,utt2lang,utt2emo,utt2event]}
+       (every subdirectory with a wav.scp is a set), or one data dir <corpus-dir>/{wav.scp,...};
+writes <data-dir>/<set>/{the same files} and <data-dir>/corpus.json.
+
+Several data dirs: each is copied unchanged. The train set is "train"; the valid set is the first of
+dev, valid, validation, val that exists (if none does, dev speakers are held out of train as below);
+every set but train is a test set. One data dir: its lines are split by speaker (utt2spk) into train
+and a speaker-disjoint dev set of --dev-speakers speakers (default 5% of them, at least one), picked
+deterministically: the speakers sorted by name, then evenly spaced picks (the middle one of each of
+N equal runs). spk2utt lines go where their speaker goes; a line whose key has no speaker goes to
+train. Either way every line keeps its bytes and its order, broken ones included (not UTF-8,
+duplicate keys, empty transcripts, `cmd |` pipes): stage 0's validator (local/prepare_data.py)
+reports them by file and line. spk2utt is made from utt2spk only where it is missing. Relative
+wav.scp paths are kept; like Kaldi, they are read relative to the directory run.sh runs in.
+
+  python -m recipes.kaldi.prepare --corpus-dir /path/to/my_data --data-dir data --language en
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from dataclasses import fields
+from pathlib import Path
+from typing import BinaryIO
+
+from recipes.common import (
+    CorpusInfo,
+    CorpusLayoutError,
+    log_set,
+    recipe_parser,
+    run_recipe,
+    write_corpus_info,
+)
+
+log = logging.getLogger(__name__)
+
+FILES = ("wav.scp", "text", "utt2spk", "spk2utt", "utt2lang", "utt2emo", "utt2event")
+VALID_NAMES = ("dev", "valid", "validation", "val")
+SET_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+DEFAULTS = {f.name: f.default for f in fields(CorpusInfo)}
+
+
+def line_key(raw: bytes) -> bytes | None:
+    """First field of a raw Kaldi line (the utterance or speaker id); None for a blank line."""
+    parts = raw.split(None, 1)
+    return parts[0] if parts else None
+
+
+def read_utt2spk(path: Path) -> dict[bytes, bytes]:
+    """utt2spk as bytes, key -> speaker; the first line of a repeated key wins; lines without a speaker
+    are left out (the validator reports them)."""
+    spk: dict[bytes, bytes] = {}
+    with open(path, "rb") as f:
+        for raw in f:
+            parts = raw.split()
+            if len(parts) >= 2:
+                spk.setdefault(parts[0], parts[1])
+    return spk
+
+
+def write_spk2utt(utt2spk: Path, spk2utt: Path) -> None:
+    """Make spk2utt from utt2spk (in bytes): speakers sorted, their utterances in file order."""
+    groups: dict[bytes, list[bytes]] = {}
+    with open(utt2spk, "rb") as f:
+        for raw in f:
+            parts = raw.split()
+            if len(parts) >= 2:
+                groups.setdefault(parts[1], []).append(parts[0])
+    with open(spk2utt, "wb") as f:
+        for spk in sorted(groups):
+            f.write(spk + b" " + b" ".join(groups[spk]) + b"\n")
+
+
+def log_counts(set_dir: Path) -> None:
+    """Log the utterances (non-blank wav.scp lines) and speakers (utt2spk) of a written set."""
+    with open(set_dir / "wav.scp", "rb") as f:
+        n_utts = sum(1 for raw in f if raw.strip())
+    n_spk = len(set(read_utt2spk(set_dir / "utt2spk").values())) if (set_dir / "utt2spk").is_file() else 0
+    log_set(set_dir, n_utts, n_spk)
+
+
+def check_files(src: Path) -> None:
+    """Refuse a data dir with segments (wav.scp then holds recordings, not utterances); warn on gaps."""
+    if (src / "segments").exists():
+        raise CorpusLayoutError(f"{src / 'segments'}: data dirs with segments are not supported; cut the "
+                                "segments into their own files first (e.g. Kaldi's extract-segments) and "
+                                "give a wav.scp of utterances")
+    for name in ("text", "utt2spk"):
+        if not (src / name).is_file():
+            log.warning("%s is missing: the validator will reject the utterances of this set", src / name)
+
+
+def copy_set(src: Path, dst: Path) -> None:
+    """Copy the data dir files of src to dst unchanged; spk2utt is made only where it is missing."""
+    check_files(src)
+    dst.mkdir(parents=True, exist_ok=True)
+    same = src.resolve() == dst.resolve()
+    for name in FILES:
+        if (src / name).is_file():
+            if not same:
+                shutil.copyfile(src / name, dst / name)
+        elif not same:
+            (dst / name).unlink(missing_ok=True)  # left from an earlier run
+    if not (dst / "spk2utt").is_file() and (dst / "utt2spk").is_file():
+        write_spk2utt(dst / "utt2spk", dst / "spk2utt")
+    log_counts(dst)
+
+
+def pick_dev_speakers(speakers: list[bytes], n: int | None) -> set[bytes]:
+    """n speakers of the sorted list, evenly spaced (default 5% of them, at least one)."""
+    speakers = sorted(set(speakers))
+    n = max(1, round(0.05 * len(speakers))) if n is None else n
+    if n < 1 or n >= len(speakers):
+        raise CorpusLayoutError(f"cannot hold out {n} of {len(speakers)} speakers as a speaker-disjoint dev "
+                                "set and keep one for training; give a dev set (<corpus-dir>/dev/) instead")
+    return {speakers[(2 * i + 1) * len(speakers) // (2 * n)] for i in range(n)}
+
+
+def split_set(src: Path, train: Path, dev: Path, dev_speakers: int | None) -> None:
+    """Split the lines of the data dir src into train and dev by speaker, keeping each line's bytes."""
+    check_files(src)
+    if src.resolve() in (train.resolve(), dev.resolve()):
+        raise CorpusLayoutError(f"splitting {src} into {train} and {dev} would overwrite it; give a "
+                                "--data-dir outside the corpus or a separate dev set")
+    if not (src / "utt2spk").is_file():
+        raise CorpusLayoutError(f"expected {src / 'utt2spk'}: holding out dev speakers needs the speakers")
+    utt2spk = read_utt2spk(src / "utt2spk")
+    held_out = pick_dev_speakers(list(utt2spk.values()), dev_speakers)
+    log.info("%s: dev speakers (held out of train): %s", src,
+             " ".join(s.decode("utf-8", "backslashreplace") for s in sorted(held_out)))
+    for d in (train, dev):
+        d.mkdir(parents=True, exist_ok=True)
+    for name in FILES:
+        if not (src / name).is_file():
+            for d in (train, dev):
+                (d / name).unlink(missing_ok=True)  # left from an earlier run
+            continue
+        with (open(src / name, "rb") as f, open(train / name, "wb") as to_train,
+              open(dev / name, "wb") as to_dev):
+            ends = {to_train: True, to_dev: True}  # did the last line written end with a newline?
+            for raw in f:
+                key = line_key(raw)
+                spk = key if name == "spk2utt" else utt2spk.get(key) if key is not None else None
+                out: BinaryIO = to_dev if spk in held_out else to_train
+                if not ends[out]:
+                    out.write(b"\n")  # a last line without newline is no longer last: end it
+                out.write(raw)
+                ends[out] = raw.endswith(b"\n")
+    for d in (train, dev):
+        if not (d / "spk2utt").is_file():
+            write_spk2utt(d / "utt2spk", d / "spk2utt")
+        log_counts(d)
+
+
+def find_sets(corpus_dir: Path) -> dict[str, Path]:
+    """{set name: data dir} for every subdirectory of corpus_dir that holds a wav.scp."""
+    if not corpus_dir.is_dir():
+        raise CorpusLayoutError(f"expected a directory of Kaldi data dirs or one data dir at {corpus_dir}")
+    sets = {d.name: d for d in sorted(corpus_dir.iterdir()) if (d / "wav.scp").is_file()}
+    if not sets:
+        raise CorpusLayoutError(f"expected {corpus_dir / 'wav.scp'} (one data dir) or "
+                                f"{corpus_dir / 'train' / 'wav.scp'} and more sets beside it; found neither")
+    if bad := [name for name in sets if not SET_NAME.match(name)]:
+        raise CorpusLayoutError(f"set names {bad} in {corpus_dir}: use letters, digits and _.+- only "
+                                "(a set name becomes a directory name and a shell word)")
+    return sets
+
+
+def prepare(corpus_dir: Path, data_dir: Path, language: str = "en", emotion: str = DEFAULTS["emotion"],
+            event: str = DEFAULTS["event"], itn: str = DEFAULTS["itn"],
+            dev_speakers: int | None = None) -> CorpusInfo:
+    """Copy (several data dirs) or split (one data dir) the user's Kaldi data into data_dir."""
+    if (corpus_dir / "wav.scp").is_file():
+        split_set(corpus_dir, data_dir / "train", data_dir / "dev", dev_speakers)
+        sets, valid = ["train", "dev"], "dev"
+    else:
+        found = find_sets(corpus_dir)
+        if "train" not in found:
+            raise CorpusLayoutError(f"expected a train set {corpus_dir / 'train' / 'wav.scp'}; "
+                                    f"found the sets {sorted(found)}")
+        valid = next((name for name in VALID_NAMES if name in found), None)
+        for name, src in found.items():
+            if name != "train" or valid is not None:
+                copy_set(src, data_dir / name)
+        if valid is None:
+            log.info("%s has none of the sets %s: holding out dev speakers of train", corpus_dir, VALID_NAMES)
+            split_set(found["train"], data_dir / "train", data_dir / "dev", dev_speakers)
+            valid = "dev"
+        sets = sorted({*found, valid})
+    info = CorpusInfo(corpus="kaldi", corpus_dir=str(corpus_dir.resolve()), train_set="train",
+                      valid_set=valid, test_sets=[s for s in sets if s != "train"], language=language,
+                      emotion=emotion, event=event, itn=itn)
+    write_corpus_info(data_dir, info)
+    return info
+
+
+def main() -> None:
+    """Command line entry point."""
+    parser = recipe_parser(__doc__)
+    parser.add_argument("--language", default="en", help="declared language of the utterances without "
+                        "utt2lang (SenseVoice code: en, zh, yue, ja, ko; default: %(default)s)")
+    parser.add_argument("--emotion", default=DEFAULTS["emotion"],
+                        help="declared emotion of the utterances without utt2emo (default: %(default)s)")
+    parser.add_argument("--event", default=DEFAULTS["event"],
+                        help="declared event of the utterances without utt2event (default: %(default)s)")
+    parser.add_argument("--itn", default=DEFAULTS["itn"], choices=("withitn", "woitn"),
+                        help="withitn when transcripts keep punctuation and case (default: %(default)s)")
+    parser.add_argument("--dev-speakers", type=int, default=None,
+                        help="number of speakers held out as dev when no dev set is given "
+                        "(default: 5%% of the speakers, at least 1)")
+    args = parser.parse_args()
+    run_recipe(prepare, corpus_dir=args.corpus_dir, data_dir=args.data_dir, language=args.language,
+               emotion=args.emotion, event=args.event, itn=args.itn, dev_speakers=args.dev_speakers)
+
+
+if __name__ == "__main__":
+    main()

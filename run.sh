@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Fine-tune FunASR models (SenseVoiceSmall, Paraformer, Conformer-CTC) with DeepSpeed, Kaldi style.
+# Run the SAME command on every node; node options come from the flags, the environment
+# (NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT) or Slurm (SLURM_NNODES/SLURM_NODEID).
+#
+#   ./run.sh                                   # every stage on the bundled digit corpus (CPU ok)
+#   ./run.sh --stage 0 --stop-stage 0 --corpus kaldi --corpus-dir /path/to/kaldi/dirs
+#   ./run.sh --config conf/sensevoice_small.yaml --nnodes 4 --node-rank $R --master-addr 10.0.0.1 \
+#       -- ++dataset_conf.batch_size=8000      # everything after -- goes to the trainer (Hydra)
+set -euo pipefail
+
+log() {
+  local fname=${BASH_SOURCE[1]##*/}
+  echo -e "$(date '+%Y-%m-%dT%H:%M:%S') (${fname}:${BASH_LINENO[0]}:${FUNCNAME[1]}) [node${node_rank:-?}] $*" >&2
+}
+SECONDS=0
+run_args=("$@")  # kept for the replay script
+
+start_dir=${PWD}
+cd "$(dirname "$(readlink -f "$0")")"
+# NOTE: GNU nproc obeys OMP_NUM_THREADS, which path.sh sets to 1 for the ranks; count cores without it.
+ncpu=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+
+# ---- options (every option is --name value; --name-with-dashes and --name_with_underscores both work)
+stage=0                 # first stage to run (0 data, 1 features, 2 train, 3 decode, 4 export, 5 package)
+stop_stage=5            # last stage to run
+config=conf/tiny_sensevoice.yaml  # model + training config (Hydra yaml) in conf/
+corpus=fsdd             # corpus recipe, a folder of recipes/ (fsdd kaldi speechocean762 mandarin_syllables aishell1 librispeech)
+corpus_dir=             # corpus root in its upstream layout (empty: the recipe's default; fsdd: the bundled copy)
+prep_opts=              # extra options for the corpus recipe, e.g. "--dev-speakers theo,lucas"
+data_dir=data           # Kaldi data dirs and JSONL (stage 0)
+dump_dir=dump           # features (stage 1)
+exp_dir=                # experiment dir (empty: exp/<config name>)
+nj=${ncpu}              # CPU processes per node for data preparation
+strict=false            # true: stop at the first bad utterance instead of rejecting it
+allow_pipes=false       # true: accept Kaldi pipe entries ("cmd |") in wav.scp
+max_duration=60         # utterances longer than this many seconds are rejected
+nnodes=${NNODES:-${SLURM_NNODES:-1}}           # number of nodes
+node_rank=${NODE_RANK:-${SLURM_NODEID:-0}}     # rank of this node, 0..nnodes-1
+master_addr=${MASTER_ADDR:-}                   # address of node 0 (empty: the first node of the Slurm job, else 127.0.0.1)
+master_port=${MASTER_PORT:-29500}              # port on node 0 (rendezvous)
+nproc_per_node=auto     # processes per node: auto = one per GPU, else one per CPU core (at most 8)
+wait_timeout=7200       # seconds a node waits for node 0 to finish a node-0-only stage
+# ---- end of options
+
+options_block=$(sed -n '/^# ---- options/,/^# ---- end of options/p' "$0" | grep -E '^[a-z_]+=')
+option_names=$(sed -E 's/=.*//' <<< "${options_block}")
+help_message="Usage: $0 [options] [-- hydra overrides for the trainer]
+Options (--name value; --name-with-dashes and --name_with_underscores both work):
+$(awk '{ eq = index($0, "="); name = substr($0, 1, eq - 1); gsub(/_/, "-", name)
+         match($0, / +# /); def = substr($0, eq + 1, RSTART - eq - 1); text = substr($0, RSTART + RLENGTH)
+         printf "  --%-16s %s [default: %s]\n", name, text, def }' <<< "${options_block}")
+Node options default from NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT, then SLURM_NNODES/SLURM_NODEID.
+Everything after -- is handed to the funasr trainer verbatim, e.g. -- ++dataset_conf.batch_size=8000
+Example: $0 --stage 0 --stop-stage 0 --corpus kaldi --corpus-dir /data/my_kaldi_dirs"
+
+usage_error() { echo "${help_message}" >&2; echo >&2; echo "ERROR: $*" >&2; exit 2; }
+
+hydra_overrides=()
+replay_args=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    -h|--help) echo "${help_message}"; exit 0 ;;
+    --) shift; hydra_overrides=("$@"); break ;;
+    --*=*) name=${1%%=*}; value=${1#*=}; shift ;;
+    --*) name=$1; [ $# -ge 2 ] || usage_error "option $1 needs a value"; value=$2; shift 2 ;;
+    *) usage_error "unexpected argument '$1' (options are --name value; trainer overrides go after --)" ;;
+  esac
+  var=${name#--}; var=${var//-/_}
+  grep -qx "${var}" <<< "${option_names}" || usage_error "unknown option ${name}"
+  printf -v "${var}" '%s' "${value}"
+  case ${var} in stage|stop_stage) ;; *) replay_args+=("--${var//_/-}" "${value}") ;; esac
+done
+
+# A relative --corpus-dir means relative to where run.sh was started; everything else is relative to
+# the recipe root, where run.sh runs (Kaldi's convention, also for relative paths inside wav.scp).
+[ -n "${corpus_dir}" ] && [[ ${corpus_dir} != /* ]] && corpus_dir=$(cd "${start_dir}" && realpath -m "${corpus_dir}")
+
+for n in stage stop_stage nj nnodes node_rank master_port; do
+  [[ ${!n} =~ ^[0-9]+$ ]] || usage_error "--${n//_/-} must be a non-negative integer, got '${!n}'"
+done
+[ "${node_rank}" -lt "${nnodes}" ] || usage_error "--node-rank ${node_rank} is not below --nnodes ${nnodes}"
+[ -d "recipes/${corpus}" ] || usage_error "--corpus ${corpus}: no recipes/${corpus}/ (have: $(ls recipes | grep -v '[._]' | tr '\n' ' '))"
+for b in strict allow_pipes; do
+  [[ ${!b} =~ ^(true|false)$ ]] || usage_error "--${b//_/-} must be true or false, got '${!b}'"
+done
+
+if [ -z "${master_addr}" ]; then
+  if [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null; then
+    master_addr=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n1)
+  else
+    master_addr=127.0.0.1
+  fi
+fi
+
+tag=$(basename "${config}" .yaml)
+exp_dir=${exp_dir:-exp/${tag}}
+mkdir -p "${exp_dir}"
+
+. ./path.sh
+
+if [ "${nproc_per_node}" = auto ]; then
+  ngpu=0  # NOTE: torch's count honours CUDA_VISIBLE_DEVICES; nvidia-smi first spares CPU hosts the import
+  command -v nvidia-smi >/dev/null && ngpu=$(python -c 'import torch; print(torch.cuda.device_count())' || echo 0)
+  if [ "${ngpu}" -gt 0 ]; then nproc_per_node=${ngpu}; else nproc_per_node=$(( ncpu < 8 ? ncpu : 8 )); fi
+fi
+
+# A marker holds a fingerprint of what produced it: a rerun with other inputs redoes the work,
+# and a node waiting on node 0 does not mistake an old run's marker for this one's.
+fingerprint() { printf '%s\n' "$@" | sha256sum | cut -c1-16; }
+is_done() { [ -f "$1" ] && [ "$(head -n1 "$1")" = "$2" ]; }
+mark_done() { printf '%s\n%s\n' "$2" "$(date '+%Y-%m-%dT%H:%M:%S') node${node_rank}" > "$1.tmp" && mv "$1.tmp" "$1"; }
+wait_for_node0() {  # marker fingerprint what
+  local waited=0
+  until is_done "$1" "$2"; do
+    if [ ${waited} -ge "${wait_timeout}" ]; then
+      log "ERROR: waited ${wait_timeout}s for node 0 to finish $3 (${1} with fingerprint $2)."
+      log "Is node 0 running the same command, and is $(dirname "$1") on a filesystem all nodes share?"
+      exit 1
+    fi
+    [ $((waited % 60)) -eq 0 ] && log "waiting for node 0 to finish $3 (${waited}s of ${wait_timeout}s)"
+    sleep 5; waited=$((waited + 5))
+  done
+}
+write_replay() {  # stage: a script in the exp dir that resumes from this stage with the same arguments
+  local q; q=$(printf ' %q' "${replay_args[@]}" --stage "$1" --stop-stage "${stop_stage}")
+  [ ${#hydra_overrides[@]} -gt 0 ] && q+=" --"$(printf ' %q' "${hydra_overrides[@]}")
+  printf '#!/usr/bin/env bash\n# Written by run.sh when stage %s started on %s; resumes from there.\ncd %q && ./run.sh%s "$@"\n' \
+    "$1" "$(date '+%Y-%m-%dT%H:%M:%S')" "$(pwd)" "${q}" > "${exp_dir}/replay.sh"
+  chmod +x "${exp_dir}/replay.sh"
+}
+not_implemented() { log "ERROR: stage $1 is not implemented yet (issue $2); run with --stop-stage $(($1 - 1))"; exit 1; }
+
+log "$0 ${run_args[*]}"
+log "node ${node_rank}/${nnodes}, master ${master_addr}:${master_port}, ${nproc_per_node} processes per node, exp ${exp_dir}"
+
+if [ "${stage}" -le 0 ] && [ "${stop_stage}" -ge 0 ]; then
+  log "Stage 0: data preparation: ${corpus} (${corpus_dir:-recipe default}) -> ${data_dir}/<set>/{data.jsonl,report.json}"
+  write_replay 0
+  recipe_fp=$(fingerprint "${corpus}" "${corpus_dir}" "${prep_opts}")
+  check_opts=(--nj "${nj}" --strict "${strict}" --allow-pipes "${allow_pipes}" --max-duration "${max_duration}")
+  stage0_fp=$(fingerprint "${recipe_fp}" "${check_opts[@]:2}")
+  if [ "${node_rank}" -ne 0 ]; then
+    wait_for_node0 "${data_dir}/.done" "${stage0_fp}" "stage 0"
+  elif is_done "${data_dir}/.done" "${stage0_fp}"; then
+    log "${data_dir} is done; skipping (remove ${data_dir}/.done to redo)"
+  else
+    mkdir -p "${data_dir}/log"
+    if ! is_done "${data_dir}/.recipe.done" "${recipe_fp}"; then
+      log "recipes/${corpus}: log in ${data_dir}/log/recipe.log"
+      # shellcheck disable=SC2086  # prep_opts is a list of options
+      python -m "recipes.${corpus}.prepare" ${corpus_dir:+--corpus-dir "${corpus_dir}"} \
+        --data-dir "${data_dir}" ${prep_opts} 2>&1 | tee "${data_dir}/log/recipe.log"
+      mark_done "${data_dir}/.recipe.done" "${recipe_fp}"
+    fi
+    declared=()
+    for field in language emotion event itn; do
+      declared+=("--${field}" "$(python -m local.corpus_info --data-dir "${data_dir}" "${field}")")
+    done
+    for set in $(python -m local.corpus_info --data-dir "${data_dir}" sets); do
+      set_fp=$(fingerprint "${stage0_fp}" "${declared[@]}" \
+        "$(cat "${data_dir}/${set}"/{wav.scp,text,utt2spk,utt2lang,utt2emo,utt2event} 2>/dev/null | sha256sum)")
+      if is_done "${data_dir}/${set}/.done" "${set_fp}"; then
+        log "${data_dir}/${set} is validated; skipping"; continue
+      fi
+      log "validating ${data_dir}/${set}: log in ${data_dir}/log/prepare_${set}.log"
+      python -m local.prepare_data --set-dir "${data_dir}/${set}" "${declared[@]}" "${check_opts[@]}" \
+        2>&1 | tee "${data_dir}/log/prepare_${set}.log"
+      mark_done "${data_dir}/${set}/.done" "${set_fp}"
+    done
+    mark_done "${data_dir}/.done" "${stage0_fp}"
+  fi
+fi
+
+if [ "${stage}" -le 1 ] && [ "${stop_stage}" -ge 1 ]; then
+  log "Stage 1: fbank features, CMVN, tokenizer: ${data_dir}/<set>/data.jsonl -> ${dump_dir}/<set>/"
+  not_implemented 1 "#3"
+fi
+
+if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
+  log "Stage 2: training (${config}): ${dump_dir}/ -> ${exp_dir}/"
+  not_implemented 2 "#4"
+fi
+
+if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
+  log "Stage 3: averaging, decoding, scoring: ${exp_dir}/ -> ${exp_dir}/RESULTS.md"
+  not_implemented 3 "#5"
+fi
+
+if [ "${stage}" -le 4 ] && [ "${stop_stage}" -ge 4 ]; then
+  log "Stage 4: ONNX export: ${exp_dir}/ -> ${exp_dir}/export/"
+  not_implemented 4 "#6"
+fi
+
+if [ "${stage}" -le 5 ] && [ "${stop_stage}" -ge 5 ]; then
+  log "Stage 5: package and benchmark: ${exp_dir}/export/ -> ${exp_dir}/package/"
+  not_implemented 5 "#6"
+fi
+
+log "Successfully finished stages ${stage}-${stop_stage} in ${SECONDS}s"

@@ -1,0 +1,109 @@
+"""run.sh: option parsing, stage 0 on the bundled corpus, markers, replay script, node-0-only waits."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+N_BUNDLED = 2500  # recordings in corpora/free-spoken-digit-dataset
+OPTIONS = ("--stage", "--stop-stage", "--config", "--corpus", "--corpus-dir", "--data-dir", "--dump-dir",
+           "--exp-dir", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--nproc-per-node",
+           "--nj", "--strict", "--allow-pipes", "--max-duration", "--prep-opts", "--wait-timeout")
+# Node options must come from the flags in these tests, not from the CI machine's environment.
+CLEAN_ENV = {k: v for k, v in os.environ.items()
+             if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("SLURM_")}
+
+
+def run_sh(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["./run.sh", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**CLEAN_ENV, **(env or {})})
+
+
+def dirs(tmp: Path) -> list[str]:
+    return ["--data-dir", str(tmp / "data"), "--exp-dir", str(tmp / "exp")]
+
+
+def test_help_lists_every_option() -> None:
+    res = run_sh("--help")
+    assert res.returncode == 0
+    for opt in OPTIONS:
+        assert f"  {opt} " in res.stdout, opt
+    assert "[default: 0]" in res.stdout and "-- ++dataset_conf.batch_size" in res.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--no-such-option", "1"], "unknown option --no-such-option"),
+    (["stray"], "unexpected argument 'stray'"),
+    (["--stage"], "option --stage needs a value"),
+    (["--stop_stage", "two"], "--stop-stage must be a non-negative integer"),
+    (["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 is not below --nnodes 2"),
+    (["--corpus", "nosuch"], "--corpus nosuch: no recipes/nosuch/"),
+    (["--strict", "maybe"], "--strict must be true or false"),
+])
+def test_bad_options_print_help_and_fail(args: list[str], message: str) -> None:
+    res = run_sh(*args)
+    assert res.returncode == 2
+    assert "Usage:" in res.stderr and message in res.stderr
+
+
+def test_stage0_bundled_corpus_then_rerun_skips(tmp_path: Path) -> None:
+    # underscore and = spellings of options are accepted too
+    res = run_sh("--stage", "0", "--stop_stage=0", *dirs(tmp_path), "--", "++train_conf.max_epoch=3")
+    assert res.returncode == 0, res.stderr
+    assert "Stage 0: data preparation" in res.stderr
+    counts = {}
+    for name in ("train", "dev"):
+        set_dir = tmp_path / "data" / name
+        report = json.loads((set_dir / "report.json").read_text())
+        counts[name] = len((set_dir / "data.jsonl").read_text().splitlines())
+        assert report["accepted"] == counts[name] and report["rejected"] == 0
+        assert (set_dir / ".done").is_file()
+    assert sum(counts.values()) == N_BUNDLED
+    assert (tmp_path / "data" / ".done").is_file()
+    replay = (tmp_path / "exp" / "replay.sh").read_text()
+    assert "--stage 0 --stop-stage 0 -- ++train_conf.max_epoch=3" in replay
+    assert f"--data-dir {tmp_path / 'data'}" in replay
+
+    res = run_sh("--stage", "0", "--stop-stage", "0", *dirs(tmp_path))
+    assert res.returncode == 0 and "is done; skipping" in res.stderr
+
+    # Another validation option invalidates the markers, but the recipe output is reused.
+    res = run_sh("--stage", "0", "--stop-stage", "0", "--max-duration", "1.0", *dirs(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert "validating" in res.stderr and "recipes/fsdd" not in res.stderr
+    report = json.loads((tmp_path / "data" / "train" / "report.json").read_text())
+    assert report["rejected_by_reason"].get("too_long", 0) > 0
+    assert report["accepted"] + report["rejected"] == counts["train"]
+
+
+def test_other_node_times_out_with_a_clear_message(tmp_path: Path) -> None:
+    res = run_sh("--stop-stage", "0", "--nnodes", "2", "--node-rank", "1", "--wait-timeout", "1",
+                 *dirs(tmp_path))
+    assert res.returncode == 1
+    assert "waited 1s for node 0 to finish stage 0" in res.stderr
+    assert "filesystem all nodes share" in res.stderr
+    assert not (tmp_path / "data" / "train").exists()  # node 1 never prepares data itself
+
+
+@pytest.mark.parametrize("node_env", [
+    {"NNODES": "2", "NODE_RANK": "1"},
+    {"SLURM_NNODES": "2", "SLURM_NODEID": "1"},
+])
+def test_other_node_waits_for_node0(tmp_path: Path, node_env: dict) -> None:
+    """Node 1 (options from the environment) starts first and proceeds once node 0 is done."""
+    node1 = subprocess.Popen(["./run.sh", "--stop-stage", "0", "--wait-timeout", "120", *dirs(tmp_path)],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**CLEAN_ENV, **node_env})
+    time.sleep(3)
+    assert node1.poll() is None, "node 1 did not wait"
+    node0 = run_sh("--stop-stage", "0", "--nnodes", "2", "--node-rank", "0", *dirs(tmp_path))
+    assert node0.returncode == 0, node0.stderr
+    _, err = node1.communicate(timeout=60)
+    assert node1.returncode == 0, err
+    assert "[node1]" in err and "waiting for node 0 to finish stage 0" in err
