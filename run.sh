@@ -150,7 +150,7 @@ if [ "${stage}" -le 0 ] && [ "${stop_stage}" -ge 0 ]; then
       log "recipes/${corpus}: log in ${data_dir}/log/recipe.log"
       # shellcheck disable=SC2086  # prep_opts is a list of options
       python -m "recipes.${corpus}.prepare" ${corpus_dir:+--corpus-dir "${corpus_dir}"} \
-        --data-dir "${data_dir}" ${prep_opts} 2>&1 | tee "${data_dir}/log/recipe.log"
+        --data-dir "${data_dir}" ${prep_opts} 2>&1 | tee "${data_dir}/log/recipe.log" >&2
       mark_done "${data_dir}/.recipe.done" "${recipe_fp}"
     fi
     declared=()
@@ -165,7 +165,7 @@ if [ "${stage}" -le 0 ] && [ "${stop_stage}" -ge 0 ]; then
       fi
       log "validating ${data_dir}/${set}: log in ${data_dir}/log/prepare_${set}.log"
       python -m local.prepare_data --set-dir "${data_dir}/${set}" "${declared[@]}" "${check_opts[@]}" \
-        2>&1 | tee "${data_dir}/log/prepare_${set}.log"
+        2>&1 | tee "${data_dir}/log/prepare_${set}.log" >&2
       mark_done "${data_dir}/${set}/.done" "${set_fp}"
     done
     mark_done "${data_dir}/.done" "${stage0_fp}"

@@ -28,9 +28,13 @@ class AudioError(Exception):
     """An audio entry that cannot be used; ``reason`` is a stable identifier for reports."""
 
     def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
+        # Both in args: the error crosses process boundaries (stage 0's probing pool) by pickling.
+        super().__init__(reason, detail)
         self.reason = reason
         self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,8 @@ def probe_audio(source: str) -> AudioInfo:
         target = source
     try:
         f = sf.SoundFile(target)
-    except (sf.LibsndfileError, RuntimeError, ValueError) as e:
-        # An unknown format, a mangled header, or no audio at all.
+    except (sf.LibsndfileError, RuntimeError, ValueError, OSError) as e:
+        # An unknown format, a mangled header, no audio at all, or no permission to read.
         raise AudioError("unreadable_audio", f"{source}: {e}") from e
     with f:
         info = AudioInfo(f.samplerate, f.channels, f.frames, f.subtype)

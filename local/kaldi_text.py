@@ -31,8 +31,13 @@ class Record:
 
 
 def has_control_chars(text: str) -> bool:
-    """True if text holds a control character (C0/C1, DEL, or Unicode category Cc/Cf except ZWJ/ZWNJ)."""
+    """True if text holds a control character (C0/C1, DEL, or Unicode category Cc/Cf except ZWJ/ZWNJ).
+
+    A tab is not one: Kaldi tables use it as a field separator, and transcripts collapse it.
+    """
     for ch in text:
+        if ch == "\t":
+            continue
         cat = unicodedata.category(ch)
         if cat == "Cc" or (cat == "Cf" and ch not in "\u200c\u200d"):
             return True
@@ -42,6 +47,8 @@ def has_control_chars(text: str) -> bool:
 def parse_line(raw: bytes, lineno: int) -> Record | None:
     """Parse one raw line; None for a blank line. A key that is not UTF-8 is shown escaped."""
     line = raw.rstrip(b"\r\n")
+    if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
+        line = line[3:]  # a UTF-8 byte-order mark (Windows editors) marks the encoding; it is no content
     parts = line.strip().split(None, 1)
     if not parts:
         return None

@@ -129,11 +129,17 @@ def resolve_audio(entry: str, root: Path) -> str:
 
 
 def read_table(path: Path) -> list[tuple[str, str]]:
-    """``(key, value)`` of every non-blank line of a UTF-8 Kaldi table, in file order (duplicates kept)."""
+    """``(key, value)`` of every non-blank line of a UTF-8 Kaldi table, in file order (duplicates kept).
+
+    A public corpus's tables are UTF-8; a line that is not means a wrong file, named with its line.
+    """
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            parts = line.strip().split(None, 1)
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                parts = raw.decode("utf-8").strip().split(None, 1)
+            except UnicodeDecodeError as e:
+                raise CorpusLayoutError(f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start})") from e
             if parts:
                 rows.append((parts[0], parts[1].strip() if len(parts) > 1 else ""))
     return rows
@@ -148,11 +154,8 @@ def read_kaldi_dir(src: Path, root: Path) -> list[Utt]:
     """
     for name in ("wav.scp", "text", "utt2spk"):
         require(src / name, f"the Kaldi file {name}")
-    try:
-        wavs = read_table(src / "wav.scp")
-        text, spk = dict(read_table(src / "text")), dict(read_table(src / "utt2spk"))
-    except UnicodeDecodeError as e:
-        raise CorpusLayoutError(f"{src}: a Kaldi file is not UTF-8 ({e})") from e
+    wavs = read_table(src / "wav.scp")
+    text, spk = dict(read_table(src / "text")), dict(read_table(src / "utt2spk"))
     utts = [Utt(key, resolve_audio(path, root), text.get(key, ""), spk.get(key, key)) for key, path in wavs]
     keys = {key for key, _ in wavs}
     for what, missing in (("no text", keys - text.keys()), ("no utt2spk entry", keys - spk.keys()),

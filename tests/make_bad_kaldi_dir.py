@@ -5,8 +5,10 @@ OUT_DIR/{wav.scp,text,utt2spk,spk2utt,utt2lang,utt2emo,utt2event}, the audio the
 OUT_DIR/audio/, and OUT_DIR/expected.json: utterance key -> the reason stage 0 must reject it with
 (``"ok"`` for the accepted ones), for the validator's default options (``--allow-pipes false``,
 ``--max-duration 60``). Every rejected key has exactly one problem; ``REJECTED_IN`` names the Kaldi
-file that ``rejected.tsv`` must point at. Files are Kaldi-sorted (byte order of keys); keys start
-with their speaker (``ok``, ``bad``, ``pipe``).
+file that ``rejected.tsv`` must point at. Keys are ``<speaker>-<case>`` (``KEY`` maps a case name such
+as ``ok_tagged`` to its key); the files are Kaldi-sorted (byte order of keys). Good and bad cases are
+dealt round-robin to four speakers, so that any speaker-disjoint split of the dir (recipes/kaldi holds
+out dev speakers) leaves accepted utterances on both sides.
 
   python -m tests.make_bad_kaldi_dir OUT_DIR
 """
@@ -27,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_WAV_DIR = REPO_ROOT / "corpora" / "free-spoken-digit-dataset" / "recordings"
 DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
-# key -> (expected reason with the default options, Kaldi file rejected.tsv must name)
+# case name -> (expected reason with the default options, Kaldi file rejected.tsv must name)
 CASES: dict[str, tuple[str, str | None]] = {
     "bad_control_ascii": ("control_chars", "text"),  # BEL inside the transcript
     "bad_control_c1": ("control_chars", "text"),  # U+009B (a C1 control) inside the transcript
@@ -63,11 +65,16 @@ CASES: dict[str, tuple[str, str | None]] = {
     "pipe_cat": ("pipe_refused", "wav.scp"),  # `cat x.wav |`
     "pipe_fail": ("pipe_refused", "wav.scp"),  # `cat missing.wav |`
 }
-EXPECTED: dict[str, str] = {key: reason for key, (reason, _) in CASES.items()}
-REJECTED_IN: dict[str, str] = {key: f for key, (_, f) in CASES.items() if f is not None}
+SPEAKERS = ("spk1", "spk2", "spk3", "spk4")
+_GOOD = sorted(n for n, (r, _) in CASES.items() if r == "ok")
+_BAD = sorted(n for n, (r, _) in CASES.items() if r != "ok")
+KEY: dict[str, str] = {n: f"{SPEAKERS[i % len(SPEAKERS)]}-{n}" for group in (_GOOD, _BAD)
+                       for i, n in enumerate(group)}
+EXPECTED: dict[str, str] = {KEY[n]: reason for n, (reason, _) in CASES.items()}
+REJECTED_IN: dict[str, str] = {KEY[n]: f for n, (_, f) in CASES.items() if f is not None}
 # How the pipe entries end with --allow-pipes true (every other key is unchanged).
-WITH_PIPES_ALLOWED: dict[str, str] = {"pipe_cat": "ok", "pipe_fail": "pipe_failed"}
-# Tags written to utt2lang/utt2emo/utt2event (every other key gets en/NEUTRAL/Speech there).
+WITH_PIPES_ALLOWED: dict[str, str] = {KEY["pipe_cat"]: "ok", KEY["pipe_fail"]: "pipe_failed"}
+# Tags (by case name) written to utt2lang/utt2emo/utt2event (every other key gets en/NEUTRAL/Speech).
 TAGS: dict[str, tuple[str, str, str]] = {
     "ok_tagged": ("zh", "HAPPY", "Laughter"),
     "bad_unknown_language": ("xx", "NEUTRAL", "Speech"),
@@ -116,8 +123,8 @@ def make_bad_kaldi_dir(out_dir: Path, good_wavs: list[Path], long_seconds: float
         x, sr = waves[i % len(waves)]
         return x, sr, texts[i % len(texts)]
 
-    wav_scp: dict[str, list[str]] = {}  # key -> its wav.scp values (two for the duplicate)
-    text: dict[str, list[bytes]] = {}  # key -> its text values, as bytes (one is not UTF-8)
+    wav_scp: dict[str, list[str]] = {}  # case name -> its wav.scp values (two for the duplicate)
+    text: dict[str, list[bytes]] = {}  # case name -> its text values, as bytes (one is not UTF-8)
 
     def put(key: str, path: Path | str, transcript: str) -> None:
         wav_scp[key] = [str(path)]
@@ -211,19 +218,19 @@ def make_bad_kaldi_dir(out_dir: Path, good_wavs: list[Path], long_seconds: float
     put("pipe_cat", f"cat {shlex.quote(str(pipe_src))} |", words)
     put("pipe_fail", f"cat {shlex.quote(str(audio / 'no_such_pipe_src.wav'))} |", words)
 
-    assert set(wav_scp) | set(text) == set(EXPECTED), sorted(set(wav_scp) ^ set(EXPECTED))
-    keys = sorted(EXPECTED)
-    scp_lines = [f"{k} {v}".rstrip(" ").encode() for k in sorted(wav_scp) for v in wav_scp[k]]
+    assert set(wav_scp) | set(text) == set(CASES), sorted(set(wav_scp) ^ set(CASES))
+    names = sorted(CASES, key=KEY.get)  # Kaldi order: by key
+    scp_lines = [f"{KEY[n]} {v}".rstrip(" ").encode() for n in names if n in wav_scp for v in wav_scp[n]]
     _write_lines(out_dir / "wav.scp", scp_lines)
-    text_lines = [k.encode() + (b" " + v if v else b"") for k in sorted(text) for v in text[k]]
+    text_lines = [KEY[n].encode() + (b" " + v if v else b"") for n in names if n in text for v in text[n]]
     _write_lines(out_dir / "text", text_lines)
-    _write_lines(out_dir / "utt2spk", [f"{k} {k.split('_', 1)[0]}".encode() for k in keys])
-    speakers = sorted({k.split("_", 1)[0] for k in keys})
+    _write_lines(out_dir / "utt2spk", [f"{KEY[n]} {KEY[n].split('-', 1)[0]}".encode() for n in names])
     _write_lines(out_dir / "spk2utt", [
-        " ".join([s, *[k for k in keys if k.split("_", 1)[0] == s]]).encode() for s in speakers])
-    for column, name in enumerate(("utt2lang", "utt2emo", "utt2event")):
+        " ".join([s, *[KEY[n] for n in names if KEY[n].startswith(f"{s}-")]]).encode() for s in SPEAKERS])
+    for column, table in enumerate(("utt2lang", "utt2emo", "utt2event")):
         default = ("en", "NEUTRAL", "Speech")[column]
-        _write_lines(out_dir / name, [f"{k} {TAGS.get(k, (default,) * 3)[column]}".encode() for k in keys])
+        _write_lines(out_dir / table, [f"{KEY[n]} {TAGS.get(n, (default,) * 3)[column]}".encode()
+                                       for n in names])
     expected = dict(EXPECTED)
     (out_dir / "expected.json").write_text(json.dumps(expected, indent=1) + "\n", encoding="utf-8")
     return expected

@@ -29,8 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 KALDI_FILES = ("wav.scp", "text", "utt2spk", "spk2utt", "utt2lang", "utt2emo", "utt2event")
 JSONL_FIELDS = {"key", "source", "source_len", "target", "target_len", "text_language", "emo_target",
                 "event_target", "with_or_wo_itn", "sample_rate", "channels"}
-SPEC_REPORT_KEYS = ("set", "input_entries", "accepted", "rejected", "rejected_by_reason", "converted", "hours")
-STRICT_MESSAGE = re.compile(r"(?P<file>.+):(?P<line>\d+): (?P<key>[^:\s]*): (?P<reason>[a-z0-9_]+): (?P<detail>.*)")
+OPTIONAL_FIELDS = {"speaker"}  # from utt2spk, or the key itself when there is no utt2spk
+SPEC_REPORT_KEYS = ("set", "input_entries", "accepted", "rejected", "rejected_by_reason", "converted",
+                    "hours")
+STRICT_MESSAGE = re.compile(
+    r"(?P<file>.+):(?P<line>\d+): (?P<key>[^:\s]*): (?P<reason>[a-z0-9_]+): (?P<detail>.*)")
+CLI_TIMEOUT_S = 30  # a pool that deadlocks must fail the test, not hang the suite
 
 
 def real_wavs() -> list[Path]:
@@ -70,7 +74,7 @@ def read_outputs(set_dir: Path) -> tuple[dict, list[dict], list[dict]]:
 
 
 def kaldi_values(set_dir: Path, name: str) -> dict[str, list[tuple[int, bytes]]]:
-    """key -> [(1-based line number, raw value)] of one Kaldi file, computed independently of the validator."""
+    """key -> [(1-based line number, raw value)] of one Kaldi file (independently of the validator)."""
     table: dict[str, list[tuple[int, bytes]]] = {}
     for n, line in enumerate((set_dir / name).read_bytes().split(b"\n"), start=1):
         key, _, value = line.partition(b" ")
@@ -95,7 +99,7 @@ def write_small_set(set_dir: Path, utts: list[tuple[str, str, str]]) -> Path:
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "local.prepare_data", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +146,8 @@ def test_jsonl_schema_and_values(default_run: tuple) -> None:
     assert keys == sorted(set(keys)), "data.jsonl must be sorted by key, one line per key"
     scp, text = kaldi_values(set_dir, "wav.scp"), kaldi_values(set_dir, "text")
     for o in jsonl:
-        assert JSONL_FIELDS <= set(o), JSONL_FIELDS - set(o)
+        assert JSONL_FIELDS <= set(o) <= JSONL_FIELDS | OPTIONAL_FIELDS, set(o) ^ JSONL_FIELDS
+        assert o.get("speaker", o["key"].split("-")[0]) == o["key"].split("-")[0]  # utt2spk
         assert o["source"] == scp[o["key"]][0][1].decode() and Path(o["source"]).is_absolute()
         info = sf.info(o["source"])
         assert (o["sample_rate"], o["channels"]) == (info.samplerate, info.channels)
@@ -150,14 +155,17 @@ def test_jsonl_schema_and_values(default_run: tuple) -> None:
         target = " ".join(text[o["key"]][0][1].decode().split())
         assert o["target"] == target
         assert o["target_len"] == (len(target.split()) if " " in target else len(target))
-        tags = ("<|zh|>", "<|HAPPY|>", "<|Laughter|>") if o["key"] == "ok_tagged" else \
+        tags = ("<|zh|>", "<|HAPPY|>", "<|Laughter|>") if o["key"] == mbk.KEY["ok_tagged"] else \
             ("<|en|>", "<|NEUTRAL|>", "<|Speech|>")
         assert (o["text_language"], o["emo_target"], o["event_target"]) == tags, o
         assert o["with_or_wo_itn"] == "<|woitn|>"
     by_key = {o["key"]: o for o in jsonl}
-    assert (by_key["ok_ws_collapse"]["target"], by_key["ok_ws_collapse"]["target_len"]) == ("one two three", 3)
-    assert by_key["ok_8k_a"]["target_len"] == len(by_key["ok_8k_a"]["target"])  # one word: characters
-    assert " " in by_key["ok_space_path"]["source"] and not by_key["ok_nonascii_path"]["source"].isascii()
+    collapsed = by_key[mbk.KEY["ok_ws_collapse"]]
+    assert (collapsed["target"], collapsed["target_len"]) == ("one two three", 3)
+    one_word = by_key[mbk.KEY["ok_8k_a"]]
+    assert " " not in one_word["target"] and one_word["target_len"] == len(one_word["target"])  # characters
+    assert " " in by_key[mbk.KEY["ok_space_path"]]["source"]
+    assert not by_key[mbk.KEY["ok_nonascii_path"]]["source"].isascii()
 
 
 def test_converted_counts_and_hours(default_run: tuple) -> None:
@@ -178,8 +186,8 @@ def test_allow_pipes_reads_the_header_through_the_pipe(bad_dir: Path, default_ru
     _, jsonl, rows = read_outputs(set_dir)
     got = {r["key"]: r["reason"] for r in rows} | {o["key"]: "ok" for o in jsonl}
     assert got == mbk.EXPECTED | mbk.WITH_PIPES_ALLOWED
-    pipe = next(o for o in jsonl if o["key"] == "pipe_cat")
-    command = kaldi_values(set_dir, "wav.scp")["pipe_cat"][0][1].decode()
+    pipe = next(o for o in jsonl if o["key"] == mbk.KEY["pipe_cat"])
+    command = kaldi_values(set_dir, "wav.scp")[mbk.KEY["pipe_cat"]][0][1].decode()
     assert pipe["source"].strip() in (command, command.rstrip("|").strip())
     info = sf.info(str(bad_dir / "audio" / "pipe_src.wav"))
     assert (pipe["source_len"], pipe["sample_rate"]) == (duration_frames(info), info.samplerate)
@@ -195,8 +203,10 @@ def test_nj2_and_rerun_give_identical_outputs(bad_dir: Path, tmp_path: Path) -> 
     (set_dir / "rejected.tsv").write_text("stale\n")
     again = validate_set(set_dir, nj=1)
     assert {name: (set_dir / name).read_bytes() for name in outputs} == once
-    parallel = validate_set(set_dir, nj=2)
+    done = cli("--set-dir", str(set_dir), "--nj", "2")  # a subprocess, so that a stuck pool times out
+    assert done.returncode == 0, done.stderr
     assert {name: (set_dir / name).read_bytes() for name in outputs} == once
+    parallel = json.loads((set_dir / "report.json").read_text(encoding="utf-8"))
     for report in (again, parallel):
         assert {k: report[k] for k in SPEC_REPORT_KEYS} == {k: first[k] for k in SPEC_REPORT_KEYS}
 
@@ -212,6 +222,7 @@ def test_utt2lang_overrides_declared_tags_and_utt2spk_is_optional(bad_dir: Path,
             for o in jsonl}
     assert tags == {"spk1_a": ("<|zh|>", "<|SAD|>", "<|BGM|>", "<|withitn|>"),
                     "spk1_b": ("<|en|>", "<|SAD|>", "<|BGM|>", "<|withitn|>")}
+    assert all(o.get("speaker", o["key"]) == o["key"] for o in jsonl)  # no utt2spk: speaker = key
 
 
 def test_max_duration_is_configurable_and_inclusive(tmp_path: Path) -> None:
@@ -243,8 +254,9 @@ def test_line_without_readable_key_is_one_entry(bad_dir: Path, tmp_path: Path) -
 def strict_set(bad_dir: Path, set_dir: Path) -> Path:
     """wav.scp lines: 1 good, 2 missing file, 3 good, 4 missing file."""
     a, b = bad_dir / "audio" / "ok_8k_a.wav", bad_dir / "audio" / "ok_8k_b.wav"
-    return write_small_set(set_dir, [("spk1_a", str(a), "zero"), ("spk1_b", str(a.parent / "gone.wav"), "one"),
-                                     ("spk1_c", str(b), "two"), ("spk1_d", str(a.parent / "gone2.wav"), "x")])
+    gone, gone2 = str(a.parent / "gone.wav"), str(a.parent / "gone2.wav")
+    return write_small_set(set_dir, [("spk1_a", str(a), "zero"), ("spk1_b", gone, "one"),
+                                     ("spk1_c", str(b), "two"), ("spk1_d", gone2, "x")])
 
 
 def test_strict_raises_on_the_first_bad_line(bad_dir: Path, tmp_path: Path) -> None:
@@ -253,7 +265,8 @@ def test_strict_raises_on_the_first_bad_line(bad_dir: Path, tmp_path: Path) -> N
         validate_set(set_dir, strict=True)
     m = STRICT_MESSAGE.fullmatch(str(err.value))
     assert m, str(err.value)
-    assert (Path(m["file"]).name, m["line"], m["key"], m["reason"]) == ("wav.scp", "2", "spk1_b", "missing_file")
+    got = (Path(m["file"]).name, m["line"], m["key"], m["reason"])
+    assert got == ("wav.scp", "2", "spk1_b", "missing_file")
     assert m["detail"].strip()
 
 

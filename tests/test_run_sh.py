@@ -107,3 +107,28 @@ def test_other_node_waits_for_node0(tmp_path: Path, node_env: dict) -> None:
     _, err = node1.communicate(timeout=60)
     assert node1.returncode == 0, err
     assert "[node1]" in err and "waiting for node 0 to finish stage 0" in err
+
+
+def test_kaldi_dir_with_every_bad_kind(tmp_path: Path) -> None:
+    """The issue's must-show: rejected.tsv names each bad utterance and the run succeeds; strict fails."""
+    from tests.make_bad_kaldi_dir import DEFAULT_WAV_DIR, EXPECTED, make_bad_kaldi_dir
+
+    bad = tmp_path / "bad"
+    make_bad_kaldi_dir(bad, sorted(DEFAULT_WAV_DIR.glob("*.wav")))
+    res = run_sh("--stop-stage", "0", "--corpus", "kaldi", "--corpus-dir", str(bad), *dirs(tmp_path))
+    assert res.returncode == 0, res.stderr
+    rejected, accepted = {}, set()
+    for set_dir in (p for p in (tmp_path / "data").iterdir() if (p / "rejected.tsv").exists()):
+        for row in (set_dir / "rejected.tsv").read_text(encoding="utf-8").splitlines()[1:]:
+            file, line, key, reason, _ = row.split("\t", 4)
+            assert Path(file).parent == set_dir and (line.isdigit() or line == "")
+            rejected[key] = reason
+        accepted |= {json.loads(x)["key"] for x in (set_dir / "data.jsonl").read_text().splitlines()}
+    assert rejected == {k: r for k, r in EXPECTED.items() if r != "ok"}
+    assert accepted == {k for k, r in EXPECTED.items() if r == "ok"}
+
+    res = run_sh("--stop-stage", "0", "--corpus", "kaldi", "--corpus-dir", str(bad), "--strict", "true",
+                 "--data-dir", str(tmp_path / "strict"), "--exp-dir", str(tmp_path / "exp"))
+    assert res.returncode != 0
+    assert "strict mode:" in res.stderr and "bad_" in res.stderr.split("strict mode:")[1].splitlines()[0]
+    assert not (tmp_path / "strict" / ".done").exists()

@@ -183,14 +183,15 @@ def prepare(corpus_dir: Path, data_dir: Path, language: str = "en", emotion: str
             raise CorpusLayoutError(f"expected a train set {corpus_dir / 'train' / 'wav.scp'}; "
                                     f"found the sets {sorted(found)}")
         valid = next((name for name in VALID_NAMES if name in found), None)
-        for name, src in found.items():
-            if name != "train" or valid is not None:
-                copy_set(src, data_dir / name)
         if valid is None:
             log.info("%s has none of the sets %s: holding out dev speakers of train", corpus_dir, VALID_NAMES)
-            split_set(found["train"], data_dir / "train", data_dir / "dev", dev_speakers)
+            split_set(found.pop("train"), data_dir / "train", data_dir / "dev", dev_speakers)
             valid = "dev"
-        sets = sorted({*found, valid})
+        elif dev_speakers is not None:
+            log.warning("--dev-speakers %d is ignored: %s is the dev set", dev_speakers, found[valid])
+        for name, src in found.items():
+            copy_set(src, data_dir / name)
+        sets = sorted({*found, "train", valid})
     info = CorpusInfo(corpus="kaldi", corpus_dir=str(corpus_dir.resolve()), train_set="train",
                       valid_set=valid, test_sets=[s for s in sets if s != "train"], language=language,
                       emotion=emotion, event=event, itn=itn)
