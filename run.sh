@@ -99,11 +99,15 @@ mkdir -p "${exp_dir}"
 
 . ./path.sh
 
+# NOTE: torch's count honours CUDA_VISIBLE_DEVICES; checking for nvidia-smi first spares CPU hosts
+# the torch import.
+ngpu=0
+command -v nvidia-smi >/dev/null && ngpu=$(python -c 'import torch; print(torch.cuda.device_count())' || echo 0)
+device=cpu; [ "${ngpu}" -gt 0 ] && device=cuda
 if [ "${nproc_per_node}" = auto ]; then
-  ngpu=0  # NOTE: torch's count honours CUDA_VISIBLE_DEVICES; nvidia-smi first spares CPU hosts the import
-  command -v nvidia-smi >/dev/null && ngpu=$(python -c 'import torch; print(torch.cuda.device_count())' || echo 0)
-  if [ "${ngpu}" -gt 0 ]; then nproc_per_node=${ngpu}; else nproc_per_node=$(( ncpu < 8 ? ncpu : 8 )); fi
+  if [ "${device}" = cuda ]; then nproc_per_node=${ngpu}; else nproc_per_node=$(( ncpu < 8 ? ncpu : 8 )); fi
 fi
+[[ ${nproc_per_node} =~ ^[1-9][0-9]*$ ]] || usage_error "--nproc-per-node must be auto or a positive integer"
 
 # A marker holds a fingerprint of what produced it: a rerun with other inputs redoes the work,
 # and a node waiting on node 0 does not mistake an old run's marker for this one's.
@@ -118,7 +122,11 @@ wait_for_node0() {  # marker fingerprint what
       log "Is node 0 running the same command, and is $(dirname "$1") on a filesystem all nodes share?"
       exit 1
     fi
-    [ $((waited % 60)) -eq 0 ] && log "waiting for node 0 to finish $3 (${waited}s of ${wait_timeout}s)"
+    if [ $((waited % 60)) -eq 0 ]; then
+      log "waiting for node 0 to finish $3 (${waited}s of ${wait_timeout}s)"
+      [ -f "$1" ] && log "NOTE: $1 is there with fingerprint $(head -n1 "$1"), this node expects $2:" \
+        "an earlier run, or node 0 was started with other options"
+    fi
     sleep 5; waited=$((waited + 5))
   done
 }
@@ -132,7 +140,7 @@ write_replay() {  # stage: a script in the exp dir that resumes from this stage 
 not_implemented() { log "ERROR: stage $1 is not implemented yet (issue $2); run with --stop-stage $(($1 - 1))"; exit 1; }
 
 log "$0 ${run_args[*]}"
-log "node ${node_rank}/${nnodes}, master ${master_addr}:${master_port}, ${nproc_per_node} processes per node, exp ${exp_dir}"
+log "node ${node_rank}/${nnodes}, master ${master_addr}:${master_port}, ${nproc_per_node} ${device} processes per node, exp ${exp_dir}"
 
 if [ "${stage}" -le 0 ] && [ "${stop_stage}" -ge 0 ]; then
   log "Stage 0: data preparation: ${corpus} (${corpus_dir:-recipe default}) -> ${data_dir}/<set>/{data.jsonl,report.json}"

@@ -72,6 +72,9 @@ def test_stage0_bundled_corpus_then_rerun_skips(tmp_path: Path) -> None:
 
     res = run_sh("--stage", "0", "--stop-stage", "0", *dirs(tmp_path))
     assert res.returncode == 0 and "is done; skipping" in res.stderr
+    res = subprocess.run([str(tmp_path / "exp" / "replay.sh")], capture_output=True, text=True,
+                         env=CLEAN_ENV, timeout=120)
+    assert res.returncode == 0 and "is done; skipping" in res.stderr
 
     # Another validation option invalidates the markers, but the recipe output is reused.
     res = run_sh("--stage", "0", "--stop-stage", "0", "--max-duration", "1.0", *dirs(tmp_path))
