@@ -186,21 +186,29 @@ def log_set(set_dir: Path, n_utts: int, n_speakers: int) -> None:
     log.info("%s: %d utterances, %d speakers", set_dir, n_utts, n_speakers)
 
 
-def write_sets(data_dir: Path, sets: dict[str, list[Utt]]) -> None:
-    """write_kaldi_set for every ``{set name: utterances}`` under data_dir, logging each set's size."""
+def write_sets(data_dir: Path, sets: dict[str, list[Utt]], info: CorpusInfo) -> CorpusInfo:
+    """write_kaldi_set for every ``{set name: utterances}`` under data_dir (logging each set's size),
+    then data_dir/corpus.json; returns info. This is the whole output of a recipe."""
     for name, utts in sets.items():
         n = write_kaldi_set(data_dir / name, utts)
         log_set(data_dir / name, n, len({u.speaker for u in utts}))
+    write_corpus_info(data_dir, info)
+    return info
 
 
-def recipe_parser(doc: str | None, default_corpus_dir: Path | None = None) -> argparse.ArgumentParser:
-    """Argument parser with the options every recipe has: --corpus-dir and --data-dir."""
+def recipe_parser(doc: str | None, default_corpus_dir: Path | None = None,
+                  dev_speakers: str | None = None) -> argparse.ArgumentParser:
+    """Argument parser with the options every recipe has: --corpus-dir and --data-dir, and
+    --dev-speakers (a speaker list) for the recipes that hold out speakers, given their default."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus-dir", type=Path, default=default_corpus_dir,
                         required=default_corpus_dir is None, help="the corpus in its upstream layout"
                         + (" (default: %(default)s)" if default_corpus_dir else ""))
     parser.add_argument("--data-dir", type=Path, default=Path("data"),
                         help="where data/<set>/ and corpus.json are written (default: %(default)s)")
+    if dev_speakers is not None:
+        parser.add_argument("--dev-speakers", default=dev_speakers, help="held-out speakers, comma "
+                            "separated; all others train (default: %(default)s)")
     return parser
 
 

@@ -27,7 +27,6 @@ from recipes.common import (
     recipe_parser,
     require,
     run_recipe,
-    write_corpus_info,
     write_sets,
 )
 
@@ -66,11 +65,9 @@ def prepare(corpus_dir: Path, data_dir: Path) -> CorpusInfo:
                       for p in wavs if p.stem in text]
     unused = text.keys() - {u.key for utts in sets.values() for u in utts}
     log.info("%s: %d transcript lines have no wav (normal for a subset)", transcript, len(unused))
-    write_sets(data_dir, sets)
     info = CorpusInfo(corpus="aishell1", corpus_dir=str(root.resolve()), train_set="train", valid_set="dev",
                       test_sets=["dev", "test"], language="zh")
-    write_corpus_info(data_dir, info)
-    return info
+    return write_sets(data_dir, sets, info)
 
 
 def main() -> None:

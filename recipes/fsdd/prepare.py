@@ -28,7 +28,6 @@ from recipes.common import (
     run_recipe,
     split_by_speakers,
     split_list,
-    write_corpus_info,
     write_sets,
 )
 
@@ -61,18 +60,14 @@ def prepare(corpus_dir: Path, data_dir: Path, dev_speakers: list[str] | None = N
     if not utts:
         raise CorpusLayoutError(f"no {{digit}}_{{speaker}}_{{index}}.wav file in {recordings}")
     train, dev = split_by_speakers(utts, dev_speakers)
-    write_sets(data_dir, {"train": train, "dev": dev})
-    info = CorpusInfo(corpus="fsdd", corpus_dir=str(corpus_dir.resolve()), train_set="train", valid_set="dev",
-                      test_sets=["dev"], language="en")
-    write_corpus_info(data_dir, info)
-    return info
+    info = CorpusInfo(corpus="fsdd", corpus_dir=str(corpus_dir.resolve()), train_set="train",
+                      valid_set="dev", test_sets=["dev"], language="en")
+    return write_sets(data_dir, {"train": train, "dev": dev}, info)
 
 
 def main() -> None:
     """Command line entry point."""
-    parser = recipe_parser(__doc__, default_corpus_dir=BUNDLED)
-    parser.add_argument("--dev-speakers", default=DEFAULT_DEV_SPEAKERS,
-                        help="held-out speakers, comma separated; all others train (default: %(default)s)")
+    parser = recipe_parser(__doc__, default_corpus_dir=BUNDLED, dev_speakers=DEFAULT_DEV_SPEAKERS)
     args = parser.parse_args()
     run_recipe(prepare, corpus_dir=args.corpus_dir, data_dir=args.data_dir,
                dev_speakers=split_list(args.dev_speakers))

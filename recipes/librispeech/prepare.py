@@ -29,7 +29,6 @@ from recipes.common import (
     recipe_parser,
     run_recipe,
     split_list,
-    write_corpus_info,
     write_sets,
 )
 
@@ -85,11 +84,9 @@ def prepare(corpus_dir: Path, data_dir: Path, parts: list[str] | None = None) ->
             "dev": [u for p in present if p.startswith("dev-") for u in by_part[p]]}
     tests = [p.replace("-", "_") for p in present if not p.startswith("train-")]
     sets.update({p.replace("-", "_"): by_part[p] for p in present if not p.startswith("train-")})
-    write_sets(data_dir, sets)
     info = CorpusInfo(corpus="librispeech", corpus_dir=str(root.resolve()), train_set="train",
                       valid_set="dev", test_sets=tests, language="en")
-    write_corpus_info(data_dir, info)
-    return info
+    return write_sets(data_dir, sets, info)
 
 
 def main() -> None:

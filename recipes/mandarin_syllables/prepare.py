@@ -21,7 +21,6 @@ from recipes.common import (
     run_recipe,
     split_by_speakers,
     split_list,
-    write_corpus_info,
     write_sets,
 )
 
@@ -37,18 +36,14 @@ def prepare(corpus_dir: Path, data_dir: Path, dev_speakers: list[str] | None = N
     dev_speakers = dev_speakers if dev_speakers is not None else split_list(DEFAULT_DEV_SPEAKERS)
     src = require(corpus_dir / "data" / "all", "the Kaldi dir data/all of mandarin_syllables")
     train, dev = split_by_speakers(read_kaldi_dir(src, root=corpus_dir), dev_speakers)
-    write_sets(data_dir, {"train": train, "dev": dev})
     info = CorpusInfo(corpus="mandarin_syllables", corpus_dir=str(corpus_dir.resolve()), train_set="train",
                       valid_set="dev", test_sets=["dev"], language="zh")
-    write_corpus_info(data_dir, info)
-    return info
+    return write_sets(data_dir, {"train": train, "dev": dev}, info)
 
 
 def main() -> None:
     """Command line entry point."""
-    parser = recipe_parser(__doc__)
-    parser.add_argument("--dev-speakers", default=DEFAULT_DEV_SPEAKERS,
-                        help="held-out speakers, comma separated; all others train (default: %(default)s)")
+    parser = recipe_parser(__doc__, dev_speakers=DEFAULT_DEV_SPEAKERS)
     args = parser.parse_args()
     run_recipe(prepare, corpus_dir=args.corpus_dir, data_dir=args.data_dir,
                dev_speakers=split_list(args.dev_speakers))

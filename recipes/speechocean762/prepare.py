@@ -25,7 +25,6 @@ from recipes.common import (
     require,
     run_recipe,
     split_list,
-    write_corpus_info,
     write_sets,
 )
 
@@ -41,12 +40,10 @@ def prepare(corpus_dir: Path, data_dir: Path, parts: list[str] | None = None) ->
     require(corpus_dir / "WAVE", "speechocean762's WAVE/ directory")
     sets = {part: read_kaldi_dir(require(corpus_dir / part, f"the Kaldi dir of part {part}"), root=corpus_dir)
             for part in parts}
-    write_sets(data_dir, sets)
     tests = [p for p in parts if p != "train"]
     info = CorpusInfo(corpus="speechocean762", corpus_dir=str(corpus_dir.resolve()), train_set="train",
                       valid_set="dev" if "dev" in tests else tests[0], test_sets=tests, language="en")
-    write_corpus_info(data_dir, info)
-    return info
+    return write_sets(data_dir, sets, info)
 
 
 def main() -> None:
