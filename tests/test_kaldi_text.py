@@ -79,3 +79,19 @@ def test_key_missing_from_existing_utt2spk_is_rejected(tmp_path: Path) -> None:
     assert (report["accepted"], report["rejected_by_reason"]) == (3, {"missing_in_utt2spk": 1})
     row = (set_dir / "rejected.tsv").read_text().splitlines()[1].split("\t")
     assert row[1:4] == ["1", "spk0-utt000", "missing_in_utt2spk"]
+
+
+@pytest.mark.parametrize("missing", ["wav.scp", "text"])
+def test_a_set_without_wav_scp_or_text_fails_naming_the_file(tmp_path: Path, missing: str) -> None:
+    set_dir = small_set(tmp_path / "s", 2)
+    (set_dir / missing).unlink()
+    with pytest.raises(FileNotFoundError, match=f"{set_dir / missing} is missing"):
+        validate_set(set_dir)
+
+
+def test_an_empty_set_is_reported_not_crashed(tmp_path: Path) -> None:
+    set_dir = small_set(tmp_path / "s", 1)
+    for name in ("wav.scp", "text", "utt2spk"):
+        (set_dir / name).write_bytes(b"")
+    report = validate_set(set_dir)
+    assert (report["input_entries"], report["accepted"], report["rejected"]) == (0, 0, 0)
