@@ -31,7 +31,10 @@ prep_opts=              # extra options for the corpus recipe, e.g. "--dev-speak
 data_dir=data           # Kaldi data dirs and JSONL (stage 0)
 dump_dir=dump           # features (stage 1)
 exp_dir=                # experiment dir (empty: exp/<config name>)
-nj=${ncpu}              # CPU processes per node for data preparation
+nj=${ncpu}              # CPU processes per node for data preparation and features (the same on every node)
+speed_perturb="0.9 1.0 1.1"  # speed factors for extra training copies (stage 1); "1.0" for none
+shard_size=1000         # utterances per feature shard: the unit of work and of resumption (stage 1)
+feats_type=fbank        # fbank: train on stage-1 features; raw: funasr decodes audio every epoch
 strict=false            # true: stop at the first bad utterance instead of rejecting it
 allow_pipes=false       # true: accept Kaldi pipe entries ("cmd |") in wav.scp
 max_duration=60         # utterances longer than this many seconds are rejected
@@ -93,6 +96,7 @@ if [ -z "${master_addr}" ]; then
   fi
 fi
 
+export NODE_RANK=${node_rank}  # the Python programs put it in every log line
 tag=$(basename "${config}" .yaml)
 exp_dir=${exp_dir:-exp/${tag}}
 mkdir -p "${exp_dir}"
@@ -182,7 +186,44 @@ fi
 
 if [ "${stage}" -le 1 ] && [ "${stop_stage}" -ge 1 ]; then
   log "Stage 1: fbank features, CMVN, tokenizer: ${data_dir}/<set>/data.jsonl -> ${dump_dir}/<set>/"
-  not_implemented 1 "#3"
+  write_replay 1
+  [ -f "${data_dir}/.done" ] || { log "ERROR: ${data_dir}/.done is missing: run stage 0 first"; exit 1; }
+  fbank_opts=(--config "${config}" --data-dir "${data_dir}" --dump-dir "${dump_dir}"
+    --sets "$(python -m local.corpus_info --data-dir "${data_dir}" sets)"
+    --train-set "$(python -m local.corpus_info --data-dir "${data_dir}" train_set)"
+    --speed-perturb "${speed_perturb}" --shard-size "${shard_size}" --strict "${strict}")
+  stage1_fp=$(fingerprint "$(head -n1 "${data_dir}/.done")" "${fbank_opts[@]}" "$(sha256sum < "${config}")" \
+    "${hydra_overrides[@]}")
+  if is_done "${dump_dir}/.done" "${stage1_fp}"; then
+    log "${dump_dir} is done; skipping (remove ${dump_dir}/.done to redo; finished shards are kept)"
+  else
+    # Every process of every node computes its own slice of the shards; then node 0 merges.
+    mkdir -p "${dump_dir}/log"
+    world=$((nnodes * nj)); pids=()
+    log "computing fbank with ${nj} processes on this node (${world} in all); logs in ${dump_dir}/log/fbank.<rank>.log"
+    fbank_worker() { RANK=$1 python -m local.compute_fbank work "${fbank_opts[@]}" --rank "$1" \
+      --world-size "${world}" -- "${hydra_overrides[@]}"; }
+    for ((i = 0; i < nj; i++)); do
+      rank=$((node_rank * nj + i)); worker_log=${dump_dir}/log/fbank.${rank}.log
+      # The first process of the node also shows its progress on the terminal.
+      if [ "${i}" -eq 0 ]; then fbank_worker "${rank}" > >(tee "${worker_log}" >&2) 2>&1 &
+      else fbank_worker "${rank}" > "${worker_log}" 2>&1 & fi
+      pids+=($!)
+    done
+    failed=0
+    for pid in "${pids[@]}"; do wait "${pid}" || failed=1; done
+    if [ ${failed} -ne 0 ]; then
+      grep -h ERROR "${dump_dir}"/log/fbank.*.log >&2 || true
+      log "ERROR: a feature process failed; see ${dump_dir}/log/fbank.*.log"; exit 1
+    fi
+    if [ "${node_rank}" -eq 0 ]; then
+      python -m local.compute_fbank merge "${fbank_opts[@]}" --world-size "${world}" --wait-timeout "${wait_timeout}" \
+        --tokenizer-dir "${dump_dir}/tokenizer/${tag}" -- "${hydra_overrides[@]}" 2>&1 | tee "${dump_dir}/log/merge.log" >&2
+      mark_done "${dump_dir}/.done" "${stage1_fp}"
+    else
+      wait_for_node0 "${dump_dir}/.done" "${stage1_fp}" "stage 1"
+    fi
+  fi
 fi
 
 if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then

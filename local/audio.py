@@ -13,6 +13,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
+import numpy as np
 import soundfile as sf
 
 # Reading the last samples catches a compressed file (FLAC) cut short: its header still promises
@@ -69,22 +70,42 @@ def run_pipe(source: str) -> bytes:
     return proc.stdout
 
 
+def _target(source: str) -> str | io.BytesIO:
+    """What soundfile should open for an entry: the path, or a pipe's output in memory."""
+    if is_pipe(source):
+        data = run_pipe(source)
+        if not data:
+            raise AudioError("pipe_failed", f"'{source}' wrote no output")
+        return io.BytesIO(data)
+    if not os.path.exists(source):
+        raise AudioError("missing_file", f"no such file: {source}")
+    if not os.path.isfile(source):
+        raise AudioError("unreadable_audio", f"not a regular file: {source}")
+    return source
+
+
+def load_audio(source: str) -> tuple[np.ndarray, int]:
+    """Decode a whole entry as float32 (frames, channels) in [-1, 1] with soundfile; raises AudioError.
+
+    soundfile rather than ``torchaudio.load``: in torchaudio 2.9 the latter decodes through torchcodec
+    and FFmpeg, about 30x slower for WAV/FLAC and a dependency we do not want.
+    """
+    target = _target(source)
+    try:
+        data, rate = sf.read(target, dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, ValueError, OSError) as e:
+        raise AudioError("unreadable_audio", f"{source}: {e}") from e
+    if data.shape[0] == 0:
+        raise AudioError("empty_audio", f"0 samples: {source}")
+    return data, rate
+
+
 def probe_audio(source: str) -> AudioInfo:
     """Read an entry's header (and its last 0.1 s, to catch truncation); raises AudioError.
 
     Reasons: missing_file, unreadable_audio, truncated_audio, empty_audio, pipe_failed.
     """
-    if is_pipe(source):
-        data = run_pipe(source)
-        if not data:
-            raise AudioError("pipe_failed", f"'{source}' wrote no output")
-        target: str | io.BytesIO = io.BytesIO(data)
-    else:
-        if not os.path.exists(source):
-            raise AudioError("missing_file", f"no such file: {source}")
-        if not os.path.isfile(source):
-            raise AudioError("unreadable_audio", f"not a regular file: {source}")
-        target = source
+    target = _target(source)
     try:
         f = sf.SoundFile(target)
     except (sf.LibsndfileError, RuntimeError, ValueError, OSError) as e:

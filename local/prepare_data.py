@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from local.audio import AudioError, AudioInfo, is_pipe, probe_audio
+from local.bad_input import REJECTED_HEADER, BadInputError, Rejection, str2bool
 from local.kaldi_text import Record, count_lines, sorted_records
 from local.log_utils import Progress, setup_logging
 from local.sensevoice_tags import canonical_tag
@@ -42,10 +43,6 @@ BATCH = 2048  # entries probed per pool round: bounds memory, keeps both cores b
 TARGET_RATE = 16000  # what the models' frontends expect; others are counted as "resampled"
 
 
-class BadInputError(Exception):
-    """Raised in strict mode for the first bad entry: ``<file>:<line>: <key>: <reason>: <detail>``."""
-
-
 @dataclass
 class Entry:
     """All lines of one key across the tables of a data dir."""
@@ -56,23 +53,6 @@ class Entry:
     def one(self, table: str) -> Record | None:
         recs = self.lines.get(table)
         return recs[0] if recs else None
-
-
-@dataclass
-class Rejection:
-    file: str
-    line: int | None
-    key: str
-    reason: str
-    detail: str
-
-    def tsv(self) -> str:
-        detail = self.detail.replace("\t", " ").replace("\n", " ")
-        return f"{self.file}\t{'' if self.line is None else self.line}\t{self.key}\t{self.reason}\t{detail}\n"
-
-    def message(self) -> str:
-        line = "" if self.line is None else self.line
-        return f"{self.file}:{line}: {self.key}: {self.reason}: {self.detail}"
 
 
 def _tagged(recs: Iterator[Record], idx: int, table: str) -> Iterator[tuple]:
@@ -198,7 +178,7 @@ def validate_set(set_dir: Path, language: str = "en", emotion: str = "NEUTRAL", 
     try:
         with tempfile.TemporaryDirectory(prefix="prepare_data.") as tmp, \
                 open(jsonl_tmp, "w", encoding="utf-8") as out, open(rej_tmp, "w", encoding="utf-8") as rej:
-            rej.write("file\tline\tkey\treason\tdetail\n")
+            rej.write(REJECTED_HEADER)
             entries = merged_entries(set_dir, Path(tmp), blank)
             while batch := list(itertools.islice(entries, BATCH)):
                 checked = [(e, check_text(e, set_dir, opts, has_utt2spk)) for e in batch]
@@ -255,15 +235,6 @@ def validate_set(set_dir: Path, language: str = "en", emotion: str = "NEUTRAL", 
     (set_dir / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n",
                                          encoding="utf-8")
     return report
-
-
-def str2bool(value: str) -> bool:
-    """Kaldi-style boolean option value (true/false)."""
-    if value.lower() in ("true", "1", "yes"):
-        return True
-    if value.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,102 @@
+"""Kaldi fbank exactly as funasr's ``WavFrontend`` computes it, from audio read with soundfile.
+
+Reads audio files (any rate, any channel count); returns float32 (frames, n_mels) arrays. The same
+code serves stage 1 (features written once) and the parity test against ``WavFrontend``.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+import torch
+import torchaudio
+from torchaudio.compliance import kaldi
+
+from local.audio import load_audio
+from local.model_config import FbankConf
+
+
+@lru_cache(maxsize=32)
+def _resampler(orig: int, new: int) -> torchaudio.transforms.Resample:
+    # The sinc kernel costs more to build than to apply on a short clip: build one per rate pair.
+    return torchaudio.transforms.Resample(orig, new)
+
+
+def resample(wave: torch.Tensor, rate: int, target: int, speed: float = 1.0) -> torch.Tensor:
+    """Resample (1, n) audio to ``target`` Hz, changing speed (and pitch) by ``speed`` on the way.
+
+    Speed perturbation as Kaldi's ``sox speed`` does it: the audio is treated as if recorded at
+    ``rate * speed`` Hz. One resampling does both; torchaudio 2.9 has no ``sox_effects`` any more.
+    """
+    orig = round(rate * speed)
+    if abs(orig / rate - speed) > 1e-6:
+        raise ValueError(f"speed {speed} at {rate} Hz is not a whole number of Hz")
+    if orig == target:
+        return wave
+    g = math.gcd(orig, target)
+    return _resampler(orig // g, target // g)(wave)
+
+
+@lru_cache(maxsize=64)
+def _kernel(window_size: int, n_mels: int, fs: int, window: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Window function, mel matrix (bins, fft/2+1) and FFT size of ``kaldi.fbank``, built once."""
+    padded = 1 << (window_size - 1).bit_length()
+    win = kaldi._feature_window_function(window, window_size, 0.42, torch.device("cpu"), torch.float32)
+    mel, _ = kaldi.get_mel_banks(n_mels, padded, float(fs), 20.0, 0.0, 100.0, -500.0, 1.0)
+    mel = torch.nn.functional.pad(mel, (0, 1), mode="constant", value=0)  # Nyquist bin, as kaldi.fbank
+    # Each row twice: (re, im) pairs of the spectrum squared, times this, sum to power @ mel in one mm.
+    return win, mel.T.repeat_interleave(2, dim=0).contiguous().float(), padded
+
+
+def kaldi_fbank(x: torch.Tensor, conf: FbankConf, frame_length: float) -> torch.Tensor:
+    """``torchaudio.compliance.kaldi.fbank`` with WavFrontend's options (dither 0, energy_floor 0).
+
+    The same arithmetic in the same order, except that the window and mel matrix are cached rather
+    than rebuilt per call, and power is re^2 + im^2 summed inside the mel product rather than
+    abs()^2: together about 2x faster on 3 s clips. tests/test_fbank.py checks it against torchaudio,
+    and tests/test_compute_fbank.py against funasr's WavFrontend.
+    """
+    window_size = int(conf.fs * frame_length * 0.001)
+    shift = int(conf.fs * conf.frame_shift * 0.001)
+    win, mel, padded = _kernel(window_size, conf.n_mels, conf.fs, conf.window)
+    wave = x[0]
+    if conf.snip_edges:
+        frames = 0 if wave.numel() < window_size else 1 + (wave.numel() - window_size) // shift
+        strided = wave.as_strided((frames, window_size), (shift, 1))
+    else:
+        strided = kaldi._get_strided(wave, window_size, shift, False)
+    frames = strided - strided.mean(dim=1, keepdim=True)
+    # Pre-emphasis x[i] - 0.97 x[i-1] (x[-1] = x[0]) as a product then a difference, in place: the
+    # same two roundings as torchaudio's (a fused a - 0.97 b would differ by up to 4e-3 in log-mel).
+    prev = torch.empty_like(frames)
+    torch.mul(frames[:, :-1], 0.97, out=prev[:, 1:])
+    torch.mul(frames[:, :1], 0.97, out=prev[:, :1])
+    frames.sub_(prev).mul_(win)
+    spec = torch.view_as_real(torch.fft.rfft(frames, n=padded)).reshape(frames.shape[0], -1).square_()
+    return torch.mm(spec, mel).clamp_min_(torch.finfo(torch.float32).eps).log_()
+
+
+class FbankExtractor:
+    """fbank of ``WavFrontend`` with dither off: same window, mel bins, framing and scaling."""
+
+    def __init__(self, conf: FbankConf) -> None:
+        self.conf = conf
+
+    def from_wave(self, wave: np.ndarray, rate: int, speed: float = 1.0) -> np.ndarray:
+        """(frames, n_mels) float32 from (samples,) or (samples, channels) float audio in [-1, 1]."""
+        if wave.ndim == 2:
+            wave = wave.mean(axis=1) if wave.shape[1] > 1 else wave[:, 0]
+        x = torch.from_numpy(np.ascontiguousarray(wave, dtype=np.float32))[None]
+        x = resample(x, rate, self.conf.fs, speed)
+        # WavFrontend scales to the int16 range and shortens the window for clips under 25 ms.
+        x = x * (1 << 15)
+        frame_length = min(self.conf.frame_length, x.shape[1] / self.conf.fs * 1000)
+        with torch.no_grad():
+            return kaldi_fbank(x, self.conf, frame_length).numpy()
+
+    def from_file(self, source: str, speed: float = 1.0) -> np.ndarray:
+        """fbank of an audio file or Kaldi pipe; raises ``local.audio.AudioError`` on bad audio."""
+        wave, rate = load_audio(source)
+        return self.from_wave(wave, rate, speed)

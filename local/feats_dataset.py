@@ -1,0 +1,88 @@
+"""funasr datasets that read stage 1's fbank instead of decoding audio every epoch.
+
+funasr's datasets decode each utterance's audio and compute fbank in the DataLoader workers, every
+epoch; with several fast GPUs per node the CPUs cannot keep up. These subclasses (registered in
+funasr's ``dataset_classes`` table, so a config or ``++dataset=...`` selects them) read the fbank
+that stage 1 wrote (``source`` = ``<ark>:<offset>``) and apply only the cheap part of the model's
+``WavFrontend`` on the fly: low-frame-rate stacking and CMVN, with funasr's own functions and the
+frontend's own ``lfr_m``/``lfr_n``/``am.mvn``. Everything else (index, sampler, collator, targets)
+is funasr's.
+
+Unlike funasr's, a sample that cannot be loaded is an error naming the source, never silently
+replaced by a random other utterance.
+"""
+
+from __future__ import annotations
+
+import kaldiio
+import torch
+from funasr.datasets.audio_datasets.datasets import AudioDataset
+from funasr.datasets.sense_voice_datasets.datasets import SenseVoiceCTCDataset
+from funasr.frontends.wav_frontend import WavFrontend, apply_cmvn, apply_lfr
+from funasr.register import tables
+
+# What --feats-type fbank puts in place of each funasr dataset.
+FBANK_DATASETS = {"SenseVoiceCTCDataset": "FbankSenseVoiceCTCDataset", "AudioDataset": "FbankAudioDataset"}
+
+
+def load_features(source: str, frontend: WavFrontend) -> torch.Tensor:
+    """(frames', dim') model input from a stage-1 fbank matrix: the frontend's LFR, then its CMVN."""
+    if not isinstance(frontend, WavFrontend):
+        raise TypeError(f"stage-1 features need a WavFrontend, the config has {type(frontend).__name__}")
+    try:
+        mat = kaldiio.load_mat(source)
+    except Exception as e:  # kaldiio raises bare Exceptions, OSError, ValueError...
+        raise RuntimeError(f"cannot read features {source}: {e}; rerun stage 1") from e
+    if mat.ndim != 2 or mat.shape[1] != frontend.n_mels:
+        raise ValueError(f"features {source} have shape {mat.shape}, the frontend expects "
+                         f"{frontend.n_mels} mel bins: rerun stage 1 with this config")
+    feats = torch.tensor(mat)  # a copy: kaldiio may hand out a read-only array, apply_cmvn works in place
+    if frontend.lfr_m != 1 or frontend.lfr_n != 1:
+        feats = apply_lfr(feats, frontend.lfr_m, frontend.lfr_n)
+    if frontend.cmvn is not None:
+        feats = apply_cmvn(feats, frontend.cmvn)
+    return feats
+
+
+def _sample(speech: torch.Tensor, ids: list[int]) -> dict[str, torch.Tensor]:
+    """One sample in the layout funasr's collators expect."""
+    return {
+        "speech": speech,
+        "speech_lengths": torch.tensor([speech.shape[0]], dtype=torch.int32),
+        "text": torch.tensor(ids, dtype=torch.int64),
+        "text_lengths": torch.tensor([len(ids)], dtype=torch.int32),
+    }
+
+
+@tables.register("dataset_classes", "FbankSenseVoiceCTCDataset")
+class FbankSenseVoiceCTCDataset(SenseVoiceCTCDataset):
+    """``SenseVoiceCTCDataset`` on stage-1 features; targets built as funasr builds them."""
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        item = self.index_ds[index]
+        speech = load_features(item["source"], self.frontend)
+        target = item["target"]
+        if self.preprocessor_text:
+            target = self.preprocessor_text(target)
+
+        def encode(text: str) -> list[int]:
+            return self.tokenizer.encode(text, allowed_special="all")
+
+        # funasr's SenseVoiceCTCDataset order and defaults: [lid, emo, event, itn, text].
+        ids = (encode(item.get("text_language", "<|zh|>")) + encode(item.get("emo_target", "<|NEUTRAL|>"))
+               + encode(item.get("event_target", "<|Speech|>"))
+               + encode(item.get("with_or_wo_itn", "<|woitn|>")) + encode(target))
+        return _sample(speech, ids)
+
+
+@tables.register("dataset_classes", "FbankAudioDataset")
+class FbankAudioDataset(AudioDataset):
+    """``AudioDataset`` (Paraformer, Conformer-CTC) on stage-1 features."""
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        item = self.index_ds[index]
+        speech = load_features(item["source"], self.frontend)
+        target = item["target"]
+        if self.preprocessor_text:
+            target = self.preprocessor_text(target)
+        return _sample(speech, self.tokenizer.encode(target))

@@ -1,0 +1,96 @@
+"""The fbank kernel and LFR stacking against the libraries they stand in for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from funasr.frontends.wav_frontend import apply_lfr
+from torchaudio.compliance import kaldi
+
+from local.cmvn import CmvnStats, lfr
+from local.fbank import FbankExtractor, kaldi_fbank, resample
+from local.model_config import FbankConf, fbank_conf, load_config, tokenizer_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = FbankConf(lfr_m=7, lfr_n=6)
+
+
+@pytest.mark.parametrize("samples", [160, 399, 400, 401, 1234, 16000, 48000])
+@pytest.mark.parametrize("kind", ["noise", "zeros", "tone"])
+def test_kernel_equals_torchaudio_kaldi_fbank(samples: int, kind: str) -> None:
+    """Same frames, same values (float32 rounding only), including clips shorter than one window."""
+    gen = torch.Generator().manual_seed(samples)
+    t = torch.arange(samples) / 16000
+    x = {"noise": torch.randn(samples, generator=gen) * 3000, "zeros": torch.zeros(samples),
+         "tone": 8000 * torch.sin(2 * torch.pi * 440 * t)}[kind][None].float()
+    frame_length = min(25.0, samples / 16)  # as WavFrontend shortens it for short clips
+    ref = kaldi.fbank(x, num_mel_bins=80, frame_length=frame_length, frame_shift=10, dither=0.0,
+                      energy_floor=0.0, window_type="hamming", sample_frequency=16000)
+    ours = kaldi_fbank(x, CONF, frame_length)
+    assert ours.shape == ref.shape
+    assert torch.isfinite(ours).all()
+    assert (ours - ref).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("m,n", [(7, 6), (5, 3), (3, 1), (4, 2), (1, 1)])
+def test_lfr_equals_funasr_apply_lfr_on_every_length(m: int, n: int) -> None:
+    rng = np.random.default_rng(0)
+    for frames in range(1, 60):
+        x = rng.standard_normal((frames, 3)).astype(np.float32)
+        np.testing.assert_array_equal(lfr(x, m, n), apply_lfr(torch.from_numpy(x.copy()), m, n).numpy())
+
+
+def test_speed_perturbation_scales_length_and_keeps_rate() -> None:
+    x = torch.randn(1, 8000)
+    assert resample(x, 8000, 16000, 1.0).shape[1] == 16000
+    assert abs(resample(x, 8000, 16000, 1.1).shape[1] - 16000 / 1.1) <= 1
+    assert abs(resample(x, 16000, 16000, 0.9).shape[1] - 8000 / 0.9) <= 1
+    assert resample(x, 16000, 16000, 1.0) is x
+
+
+def test_stereo_is_averaged_before_fbank() -> None:
+    ex = FbankExtractor(CONF)
+    rng = np.random.default_rng(1)
+    left, right = (rng.uniform(-0.5, 0.5, 8000).astype(np.float32) for _ in range(2))
+    both = ex.from_wave(np.stack([left, right], axis=1), 16000)
+    np.testing.assert_allclose(both, ex.from_wave((left + right) / 2, 16000), atol=1e-4)
+
+
+@pytest.mark.parametrize("m,n", [(7, 6), (5, 3), (1, 1)])
+def test_lfr_statistics_without_stacking_equal_stacked_ones(m: int, n: int) -> None:
+    rng = np.random.default_rng(3)
+    for frames in (1, 2, 6, 7, 13, 101):
+        x = rng.standard_normal((frames, 4)).astype(np.float32) * 5
+        stacked, direct = CmvnStats(), CmvnStats()
+        stacked.add(lfr(x, m, n))
+        direct.add_lfr(x, m, n)
+        assert stacked.count == direct.count
+        np.testing.assert_allclose(direct.sum, stacked.sum, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(direct.sumsq, stacked.sumsq, rtol=1e-9, atol=1e-9)
+
+
+def test_cmvn_stats_merge_equals_one_pass() -> None:
+    rng = np.random.default_rng(2)
+    parts = [rng.standard_normal((n, 4)) * 3 + 1 for n in (5, 17, 1)]
+    one, merged = CmvnStats(), CmvnStats()
+    for p in parts:
+        one.add(p)
+        s = CmvnStats()
+        s.add(p)
+        merged.merge(s)
+    merged.merge(CmvnStats())  # an empty shard (all rejected) changes nothing
+    np.testing.assert_allclose(one.mean_std()[0], merged.mean_std()[0])
+    np.testing.assert_allclose(merged.mean_std()[1], np.concatenate(parts).std(axis=0), rtol=1e-9)
+
+
+def test_config_gives_frontend_and_tokenizer() -> None:
+    cfg = load_config(ROOT / "conf" / "tiny_sensevoice.yaml", ["++frontend_conf.n_mels=64"])
+    assert fbank_conf(cfg) == FbankConf(n_mels=64, lfr_m=7, lfr_n=6)
+    assert tokenizer_spec(cfg)["kind"] == "sensevoice"
+    cfg = load_config(ROOT / "conf" / "tiny_sensevoice.yaml", ["++pretrained_model=iic/SenseVoiceSmall"])
+    assert tokenizer_spec(cfg) is None  # a pretrained model brings its own tokenizer
+    with pytest.raises(ValueError, match="WavFrontend only"):
+        fbank_conf(load_config(ROOT / "conf" / "tiny_sensevoice.yaml", ["frontend=WhisperFrontend"]))
