@@ -35,6 +35,8 @@ nj=${ncpu}              # CPU processes per node for data preparation and featur
 speed_perturb="0.9 1.0 1.1"  # speed factors for extra training copies (stage 1); "1.0" for none
 shard_size=1000         # utterances per feature shard: the unit of work and of resumption (stage 1)
 feats_type=fbank        # fbank: train on stage-1 features; raw: funasr decodes audio every epoch
+train_engine=deepspeed  # deepspeed (ZeRO, --ds-config) or ddp (torch DistributedDataParallel)
+ds_config=ds_configs/ds_stage1_bf16.json  # DeepSpeed JSON: ZeRO stage 1/2/3 in bf16, or stage 1 in fp16
 strict=false            # true: stop at the first bad utterance instead of rejecting it
 allow_pipes=false       # true: accept Kaldi pipe entries ("cmd |") in wav.scp
 max_duration=60         # utterances longer than this many seconds are rejected
@@ -228,7 +230,40 @@ fi
 
 if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
   log "Stage 2: training (${config}): ${dump_dir}/ -> ${exp_dir}/"
-  not_implemented 2 "#4"
+  write_replay 2
+  [ -f "${dump_dir}/.done" ] || { log "ERROR: ${dump_dir}/.done is missing: run stage 1 first"; exit 1; }
+  [ -f "${ds_config}" ] || usage_error "--ds-config ${ds_config}: no such file (have: $(ls ds_configs | tr '\n' ' '))"
+  train_opts=(--config "${config}" --exp-dir "${exp_dir}" --data-dir "${data_dir}" --dump-dir "${dump_dir}"
+    --train-set "$(python -m local.corpus_info --data-dir "${data_dir}" train_set)"
+    --valid-set "$(python -m local.corpus_info --data-dir "${data_dir}" valid_set)"
+    --feats-type "${feats_type}" --train-engine "${train_engine}" --ds-config "${ds_config}" --device "${device}")
+  stage2_fp=$(fingerprint "$(head -n1 "${dump_dir}/.done")" "${train_opts[@]}" "$(sha256sum < "${config}")" \
+    "$(sha256sum < "${ds_config}")" "${nnodes}" "${nproc_per_node}" "${hydra_overrides[@]}")
+  if is_done "${exp_dir}/.train.done" "${stage2_fp}"; then
+    log "${exp_dir} is trained; skipping (remove ${exp_dir}/.train.done to train again)"
+  else
+    train_log=${exp_dir}/train.log; [ "${node_rank}" -eq 0 ] || train_log=${exp_dir}/train.node${node_rank}.log
+    # On CPU, DeepSpeed must not look for CUDA (it has no oneCCL here: gloo through torch.distributed).
+    [ "${device}" = cpu ] && export DS_ACCELERATOR=cpu
+    log "torchrun: ${nnodes} node(s) x ${nproc_per_node} ${device} process(es), ${train_engine}" \
+      "$([ "${train_engine}" = deepspeed ] && echo "(${ds_config})"); log in ${train_log}" \
+      "(a rerun resumes from ${exp_dir}/model.pt)"
+    if ! torchrun --nnodes "${nnodes}" --node-rank "${node_rank}" --master-addr "${master_addr}" \
+        --master-port "${master_port}" --nproc-per-node "${nproc_per_node}" \
+        -m local.train "${train_opts[@]}" -- "${hydra_overrides[@]}" 2>&1 | tee -a "${train_log}" >&2; then
+      log "ERROR: training failed on node ${node_rank}; see ${train_log}."
+      if grep -qiE "timed out|timeout|Connection refused|rendezvous" "${train_log}"; then
+        log "The ranks did not all meet at ${master_addr}:${master_port}: are all ${nnodes} nodes running this" \
+          "command with the same --nnodes/--master-addr/--master-port, and can they reach node 0 (firewall," \
+          "NCCL_SOCKET_IFNAME)?"
+      fi
+      exit 1
+    fi
+    if [ "${node_rank}" -eq 0 ]; then
+      python -m local.plot_training "${train_log}" --out "${exp_dir}/curves"
+    fi
+    mark_done "${exp_dir}/.train.done" "${stage2_fp}"
+  fi
 fi
 
 if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then

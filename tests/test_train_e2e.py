@@ -1,0 +1,88 @@
+"""Stage 2 end to end through run.sh on CPU: funasr's trainer, torchrun, 2 ranks, real digit speech.
+
+A 400-utterance subset (4 speakers) with a held-out speaker as dev keeps each run to about a minute;
+stages 0-1 run once for the module and every test trains into its own exp dir.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.test_run_sh import CLEAN_ENV, ROOT, run_sh
+from tests.train_data import make_digit_subset
+
+pytestmark = pytest.mark.slow
+# Enough updates for the loss to move in a few epochs of 400 utterances.
+FAST = ["++scheduler_conf.warmup_steps=10", "++train_conf.log_interval=2", "++dataset_conf.batch_size=3000"]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("train")
+    make_digit_subset(root / "kaldi")
+    res = run_sh("--stop-stage", "1", "--corpus", "kaldi", "--corpus-dir", str(root / "kaldi"),
+                 *dirs(root, "prep"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return root
+
+
+def dirs(root: Path, exp: str) -> list[str]:
+    return ["--data-dir", str(root / "data"), "--dump-dir", str(root / "dump"), "--exp-dir", str(root / exp)]
+
+
+def val_losses(log: Path) -> list[float]:
+    return [float(v) for v in re.findall(r"\[node0 rank0\].*current_val: ([\d.]+)", log.read_text())]
+
+
+def test_deepspeed_zero1_bf16_two_ranks_learns_then_resumes(prepared: Path) -> None:
+    exp = prepared / "exp_ds"
+    res = run_sh("--stage", "2", "--stop-stage", "2", *dirs(prepared, "exp_ds"), "--",
+                 "++train_conf.max_epoch=4", *FAST, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    for name in ("config.yaml", "model.pt", "model.pt.ep4", "curves.png", "curves.tsv", ".train.done"):
+        assert (exp / name).exists(), name
+    log = (exp / "train.log").read_text()
+    assert "[node0 rank0]" in log and "[node0 rank1]" in log and "use_deepspeed: True" in log
+    losses = val_losses(exp / "train.log")
+    assert len(losses) == 4 and losses[-1] < 0.8 * losses[0], losses
+    assert list((exp / "tensorboard").glob("events.*"))
+
+    res = run_sh("--stage", "2", "--stop-stage", "2", *dirs(prepared, "exp_ds"), "--",
+                 "++train_conf.max_epoch=4", *FAST)
+    assert res.returncode == 0 and "is trained; skipping" in res.stderr
+
+    # One more epoch: funasr resumes from exp/model.pt at epoch 4 with its step count.
+    res = run_sh("--stage", "2", "--stop-stage", "2", *dirs(prepared, "exp_ds"), "--",
+                 "++train_conf.max_epoch=5", *FAST, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert (exp / "model.pt.ep5").exists() and len(val_losses(exp / "train.log")) == 5
+    assert "Train epoch: 4, rank: 0" in res.stderr and "Train epoch: 0, rank: 0" not in res.stderr
+
+
+def test_ddp_engine(prepared: Path) -> None:
+    res = run_sh("--stage", "2", "--stop-stage", "2", "--train-engine", "ddp", *dirs(prepared, "exp_ddp"),
+                 "--", "++train_conf.max_epoch=2", *FAST, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    log = (prepared / "exp_ddp" / "train.log").read_text()
+    assert "use_ddp: True" in log and "[node0 rank1]" in log
+    assert len(val_losses(prepared / "exp_ddp" / "train.log")) == 2
+
+
+def test_two_nodes_on_one_machine(prepared: Path) -> None:
+    """Two run.sh processes as nodes 0 and 1 (one rank each) meet at 127.0.0.1 and train together."""
+    common = ["--stage", "2", "--stop-stage", "2", "--nnodes", "2", "--nproc-per-node", "1",
+              "--master-addr", "127.0.0.1", "--master-port", "29561", *dirs(prepared, "exp_2n"), "--",
+              "++train_conf.max_epoch=2", *FAST]
+    node1 = subprocess.Popen(["./run.sh", *common[:6], "--node-rank", "1", *common[6:]], cwd=ROOT,
+                             env=CLEAN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    node0 = run_sh(*common[:6], "--node-rank", "0", *common[6:], timeout=900)
+    _, err1 = node1.communicate(timeout=900)
+    assert node0.returncode == 0, node0.stderr[-4000:]
+    assert node1.returncode == 0, err1[-4000:]
+    exp = prepared / "exp_2n"
+    assert "[node1 rank1]" in (exp / "train.node1.log").read_text()
+    assert "[node0 rank0]" in (exp / "train.log").read_text() and (exp / "model.pt.ep2").exists()
