@@ -37,6 +37,7 @@ shard_size=1000         # utterances per feature shard: the unit of work and of 
 feats_type=fbank        # fbank: train on stage-1 features; raw: funasr decodes audio every epoch
 train_engine=deepspeed  # deepspeed (ZeRO, --ds-config) or ddp (torch DistributedDataParallel)
 ds_config=ds_configs/ds_stage1_bf16.json  # DeepSpeed JSON: ZeRO stage 1/2/3 in bf16, or stage 1 in fp16
+pretrained_dir=         # local copy of the config's pretrained_model (empty: ModelScope cache or download)
 strict=false            # true: stop at the first bad utterance instead of rejecting it
 allow_pipes=false       # true: accept Kaldi pipe entries ("cmd |") in wav.scp
 max_duration=60         # utterances longer than this many seconds are rejected
@@ -237,6 +238,10 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
     --train-set "$(python -m local.corpus_info --data-dir "${data_dir}" train_set)"
     --valid-set "$(python -m local.corpus_info --data-dir "${data_dir}" valid_set)"
     --feats-type "${feats_type}" --train-engine "${train_engine}" --ds-config "${ds_config}" --device "${device}")
+  # Each node resolves the pretrained model itself (a hub download lands in the node's own cache).
+  pretrained=$(python -m local.resolve_model --config "${config}" ${pretrained_dir:+--pretrained-dir "${pretrained_dir}"} \
+    -- "${hydra_overrides[@]}") || { log "ERROR: no pretrained model for ${config} (see above)"; exit 1; }
+  [ -n "${pretrained}" ] && { train_opts+=(--pretrained-dir "${pretrained}"); log "fine-tuning ${pretrained}"; }
   stage2_fp=$(fingerprint "$(head -n1 "${dump_dir}/.done")" "${train_opts[@]}" "$(sha256sum < "${config}")" \
     "$(sha256sum < "${ds_config}")" "${nnodes}" "${nproc_per_node}" "${hydra_overrides[@]}")
   if is_done "${exp_dir}/.train.done" "${stage2_fp}"; then
@@ -260,7 +265,9 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
       exit 1
     fi
     if [ "${node_rank}" -eq 0 ]; then
-      python -m local.plot_training "${train_log}" --out "${exp_dir}/curves"
+      python -m local.plot_training "${train_log}" --out "${exp_dir}/curves" || log "WARNING: no training curves"
+      # The best checkpoint by validation loss as a model dir in the hub's format (fp32 weights).
+      python -m local.make_model_dir --exp-dir "${exp_dir}" --checkpoint model.pt.best --out "${exp_dir}/model_dir"
     fi
     mark_done "${exp_dir}/.train.done" "${stage2_fp}"
   fi

@@ -106,9 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         log.error("no training log at %s", args.log)
         return 1
     curves = parse_log(args.log)
-    if not curves.step:
-        log.error("%s has no training lines of rank 0 yet (is log_interval larger than an epoch?)", args.log)
+    if not curves.step and not curves.val_loss:
+        log.error("%s has no training or validation lines of rank 0 yet", args.log)
         return 1
+    if not curves.step:
+        log.warning("%s: no training lines of rank 0 (train_conf.log_interval is larger than the steps "
+                    "so far); plotting the validation loss only", args.log)
     out = args.out or args.log.parent / "curves"
     plot(curves, out, f"{args.log.parent.name}: {len(curves.step)} logged steps, "
                       f"{len(curves.val_loss)} validations")

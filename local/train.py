@@ -61,7 +61,14 @@ def hydra_argv(args: argparse.Namespace, overrides: list[str]) -> list[str]:
             raise ValueError(f"dataset {dataset} has no stage-1 feature variant "
                              f"(have {sorted(FBANK_DATASETS)}); use --feats-type raw")
         argv.append(f"++dataset={FBANK_DATASETS[dataset]}")
-    if pretrained_model(cfg) is None:
+    if pretrained_model(cfg) is not None:
+        if args.pretrained_dir is None:
+            raise ValueError(f"{args.config} fine-tunes {pretrained_model(cfg)}: give its local copy with "
+                             "--pretrained-dir (run.sh resolves it with local/resolve_model.py)")
+        # funasr reads a model dir given as `model` (no model_conf): its config, weights (init_param),
+        # am.mvn and tokenizer; our config's settings are merged over the model's.
+        argv.append(f"++model={args.pretrained_dir.resolve()}")
+    else:
         argv.append(f"++frontend_conf.cmvn_file={(args.dump_dir / args.train_set / 'am.mvn').resolve()}")
         spec = tokenizer_spec(cfg)
         if spec is not None:
@@ -85,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-engine", choices=("deepspeed", "ddp"), default="deepspeed")
     parser.add_argument("--ds-config", type=Path, default=Path("ds_configs/ds_stage1_bf16.json"))
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--pretrained-dir", type=Path, help="local dir of the config's pretrained_model")
     parser.add_argument("--dry-run", type=str2bool, default=False,
                         help="print the Hydra command line and exit")
     args = parser.parse_args(argv[:split])

@@ -56,6 +56,13 @@ def test_plots_a_log_that_is_still_growing(tmp_path: Path) -> None:
     assert sum(r.startswith("valid") for r in rows) == 1
 
 
+def test_validation_only_log_still_plots(tmp_path: Path) -> None:
+    """A short run whose log_interval exceeds its steps has validation lines only."""
+    (tmp_path / "train.log").write_text(VALIDATE.format(r=0, e=1) + CURRENT.format(r=0, v=3.5))
+    assert main([str(tmp_path / "train.log")]) == 0
+    assert parse_log(tmp_path / "train.log").val_loss == [3.5] and (tmp_path / "curves.png").is_file()
+
+
 def test_empty_or_missing_log_fails_clearly(tmp_path: Path) -> None:
     assert main([str(tmp_path / "nothing.log")]) == 1
     (tmp_path / "train.log").write_text("starting\n")

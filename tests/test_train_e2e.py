@@ -38,12 +38,19 @@ def val_losses(log: Path) -> list[float]:
     return [float(v) for v in re.findall(r"\[node0 rank0\].*current_val: ([\d.]+)", log.read_text())]
 
 
-def test_deepspeed_zero1_bf16_two_ranks_learns_then_resumes(prepared: Path) -> None:
-    exp = prepared / "exp_ds"
+@pytest.fixture(scope="module")
+def trained(prepared: Path) -> Path:
+    """4 epochs from scratch: DeepSpeed ZeRO-1 bf16, 2 CPU ranks."""
     res = run_sh("--stage", "2", "--stop-stage", "2", *dirs(prepared, "exp_ds"), "--",
                  "++train_conf.max_epoch=4", *FAST, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
-    for name in ("config.yaml", "model.pt", "model.pt.ep4", "curves.png", "curves.tsv", ".train.done"):
+    return prepared / "exp_ds"
+
+
+def test_deepspeed_zero1_bf16_two_ranks_learns_then_resumes(prepared: Path, trained: Path) -> None:
+    exp = trained
+    for name in ("config.yaml", "model.pt", "model.pt.ep4", "curves.png", "curves.tsv", ".train.done",
+                 "model_dir/model.pt", "model_dir/configuration.json", "model_dir/am.mvn"):
         assert (exp / name).exists(), name
     log = (exp / "train.log").read_text()
     assert "[node0 rank0]" in log and "[node0 rank1]" in log and "use_deepspeed: True" in log
@@ -61,6 +68,21 @@ def test_deepspeed_zero1_bf16_two_ranks_learns_then_resumes(prepared: Path) -> N
     assert res.returncode == 0, res.stderr[-4000:]
     assert (exp / "model.pt.ep5").exists() and len(val_losses(exp / "train.log")) == 5
     assert "Train epoch: 4, rank: 0" in res.stderr and "Train epoch: 0, rank: 0" not in res.stderr
+
+
+def test_finetune_from_a_model_dir_like_sensevoicesmall(prepared: Path, trained: Path) -> None:
+    """The command a user runs for iic/SenseVoiceSmall, with the tiny model's hub-format dir instead."""
+    first_from_scratch = val_losses(trained / "train.log")[0]
+    res = run_sh("--stage", "1", "--stop-stage", "2", "--config", "conf/sensevoice_small.yaml",
+                 "--pretrained-dir", str(trained / "model_dir"), *dirs(prepared, "exp_ft"), "--",
+                 "++train_conf.max_epoch=1", "++dataset_conf.num_workers=1", timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    log = (prepared / "exp_ft" / "train.log").read_text()
+    assert f"fine-tuning {(trained / 'model_dir').resolve()}" in res.stderr
+    assert "status: <All keys matched successfully>" in log  # funasr loaded every pretrained weight
+    first_finetuned = val_losses(prepared / "exp_ft" / "train.log")[0]
+    assert first_finetuned < 0.5 * first_from_scratch, (first_finetuned, first_from_scratch)
+    assert "training keeps the pretrained model's own am.mvn" in res.stderr
 
 
 def test_ddp_engine(prepared: Path) -> None:
