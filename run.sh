@@ -144,6 +144,27 @@ write_replay() {  # stage: a script in the exp dir that resumes from this stage 
     "$1" "$(date '+%Y-%m-%dT%H:%M:%S')" "$(pwd)" "${q}" > "${exp_dir}/replay.sh"
   chmod +x "${exp_dir}/replay.sh"
 }
+wait_for_nodes() {  # dir fingerprint: every node checks in under the shared dir; names the ones missing
+  local dir=$1/.nodes waited=0 missing n
+  mkdir -p "${dir}"
+  echo "$2 $(hostname)" > "${dir}/node${node_rank}"
+  trap 'rm -f "${dir}/node${node_rank}"' EXIT
+  while :; do
+    missing=""
+    for ((n = 0; n < nnodes; n++)); do
+      [ "$(cut -d' ' -f1 "${dir}/node${n}" 2>/dev/null)" = "$2" ] || missing+=" ${n}"
+    done
+    [ -z "${missing}" ] && return 0
+    if [ ${waited} -ge "${wait_timeout}" ]; then
+      log "ERROR: after ${wait_timeout}s node(s)${missing} of ${nnodes} have not arrived in ${dir}."
+      log "Start the same command on them (--node-rank${missing}); if they are running, ${1} is not on a" \
+        "filesystem they share with this node."
+      exit 1
+    fi
+    [ $((waited % 60)) -eq 0 ] && log "waiting for node(s)${missing} to start stage 2 (${waited}s of ${wait_timeout}s)"
+    sleep 2; waited=$((waited + 2))
+  done
+}
 not_implemented() { log "ERROR: stage $1 is not implemented yet (issue $2); run with --stop-stage $(($1 - 1))"; exit 1; }
 
 log "$0 ${run_args[*]}"
@@ -248,6 +269,9 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
     log "${exp_dir} is trained; skipping (remove ${exp_dir}/.train.done to train again)"
   else
     train_log=${exp_dir}/train.log; [ "${node_rank}" -eq 0 ] || train_log=${exp_dir}/train.node${node_rank}.log
+    # Before torchrun: all nodes must see each other's files in exp/ (shared filesystem) and be started;
+    # torchrun alone would only time out, without saying which node is missing.
+    [ "${nnodes}" -gt 1 ] && wait_for_nodes "${exp_dir}" "${stage2_fp}"
     # On CPU, DeepSpeed must not look for CUDA (it has no oneCCL here: gloo through torch.distributed).
     [ "${device}" = cpu ] && export DS_ACCELERATOR=cpu
     log "torchrun: ${nnodes} node(s) x ${nproc_per_node} ${device} process(es), ${train_engine}" \

@@ -108,3 +108,11 @@ def test_two_nodes_on_one_machine(prepared: Path) -> None:
     exp = prepared / "exp_2n"
     assert "[node1 rank1]" in (exp / "train.node1.log").read_text()
     assert "[node0 rank0]" in (exp / "train.log").read_text() and (exp / "model.pt.ep2").exists()
+
+
+def test_missing_node_is_named(prepared: Path) -> None:
+    res = run_sh("--stage", "2", "--stop-stage", "2", "--nnodes", "3", "--node-rank", "0",
+                 "--wait-timeout", "2", *dirs(prepared, "exp_missing"))
+    assert res.returncode == 1
+    assert "node(s) 1 2 of 3 have not arrived" in res.stderr and "--node-rank 1 2" in res.stderr
+    assert not (prepared / "exp_missing" / ".nodes" / "node0").exists()  # checked out again on exit

@@ -1,0 +1,302 @@
+"""Dry-run of every model config (conf/*.yaml): valid for funasr, model built, one batch trained.
+
+For each config: the training sections (dataset, sampler, trainer, optimiser, scheduler, frontend,
+DeepSpeed JSON) name things funasr knows and hold values its trainer accepts; then the model is built
+the way funasr's ``AutoModel.build_model`` builds it, with tiny dimensions substituted for the
+GPU-sized ones (TINY), and one batch of random LFR-stacked fbank with targets laid out as the
+config's dataset lays them out goes forward and backward, followed by one optimiser and scheduler step.
+
+A fine-tuning config (``pretrained_model`` set, no ``model_conf``) names no architecture: funasr merges
+it over the released model's config.yaml. There is no hub here, so RELEASED holds the parts of those
+config.yaml files that matter (architecture, and the training values the recipe must override).
+
+Reads conf/*.yaml and ds_configs/*.json; writes nothing.
+
+  .venv/bin/python -m pytest tests/test_configs.py -q
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from funasr.optimizers import optim_classes
+from funasr.register import tables
+from funasr.schedulers import scheduler_classes
+from funasr.utils.misc import deep_update
+from omegaconf import DictConfig, OmegaConf
+
+from local.feats_dataset import FBANK_DATASETS
+from local.make_tokenizer import KINDS, SENSEVOICE_TAG_IDS, SENSEVOICE_VOCAB_SIZE
+from local.model_config import fbank_conf, load_config, pretrained_model, tokenizer_spec
+
+# Their import registers the recipe's classes with funasr, as local/train.py does before training.
+importlib.import_module("local.batch_sampler")
+if importlib.util.find_spec("local.models") is not None:
+    importlib.import_module("local.models")
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "conf").glob("*.yaml"))
+
+# The parts of the released models' config.yaml that funasr keeps when a recipe config is merged
+# over them: the architecture, and the training values that the recipe config has to override.
+RELEASED: dict[str, dict[str, Any]] = {
+    "SenseVoiceSmall": {"vocab_size": 25055, "config": """
+model: SenseVoiceSmall
+model_conf: {length_normalized_loss: true, sos: 1, eos: 2, ignore_id: -1}
+encoder: SenseVoiceEncoderSmall
+encoder_conf: {output_size: 512, attention_heads: 4, linear_units: 2048, num_blocks: 50, tp_blocks: 20,
+  dropout_rate: 0.1, positional_dropout_rate: 0.1, attention_dropout_rate: 0.1, input_layer: pe,
+  pos_enc_class: SinusoidalPositionEncoder, normalize_before: true, kernel_size: 11, sanm_shfit: 0,
+  selfattention_layer_type: sanm}
+tokenizer: SentencepiecesTokenizer
+frontend: WavFrontend
+frontend_conf: {fs: 16000, window: hamming, n_mels: 80, frame_length: 25, frame_shift: 10, lfr_m: 7,
+  lfr_n: 6, cmvn_file: null}
+dataset: SenseVoiceCTCDataset
+dataset_conf: {index_ds: IndexDSJsonl, batch_sampler: EspnetStyleBatchSampler, data_split_num: 32,
+  batch_type: token, batch_size: 14000, max_token_length: 2000, min_token_length: 60,
+  max_source_length: 2000, min_source_length: 60, max_target_length: 200, min_target_length: 0,
+  shuffle: true, num_workers: 4, retry: 20}
+train_conf: {accum_grad: 1, grad_clip: 5, max_epoch: 20, keep_nbest_models: 10, avg_nbest_model: 10,
+  log_interval: 100, resume: true, validate_interval: 10000, save_checkpoint_interval: 10000}
+optim: adamw
+optim_conf: {lr: 0.00002}
+scheduler: warmuplr
+scheduler_conf: {warmup_steps: 25000}
+"""},
+    "Paraformer": {"vocab_size": 8404, "config": """
+model: Paraformer
+model_conf: {ctc_weight: 0.0, lsm_weight: 0.1, length_normalized_loss: true, predictor_weight: 1.0,
+  predictor_bias: 1, sampling_ratio: 0.75}
+encoder: SANMEncoder
+encoder_conf: {output_size: 512, attention_heads: 4, linear_units: 2048, num_blocks: 50, dropout_rate: 0.1,
+  positional_dropout_rate: 0.1, attention_dropout_rate: 0.1, input_layer: pe,
+  pos_enc_class: SinusoidalPositionEncoder, normalize_before: true, kernel_size: 11, sanm_shfit: 0,
+  selfattention_layer_type: sanm}
+decoder: ParaformerSANMDecoder
+decoder_conf: {attention_heads: 4, linear_units: 2048, num_blocks: 16, dropout_rate: 0.1,
+  positional_dropout_rate: 0.1, self_attention_dropout_rate: 0.1, src_attention_dropout_rate: 0.1,
+  att_layer_num: 16, kernel_size: 11, sanm_shfit: 0}
+predictor: CifPredictorV2
+predictor_conf: {idim: 512, threshold: 1.0, l_order: 1, r_order: 1, tail_threshold: 0.45}
+frontend: WavFrontend
+frontend_conf: {fs: 16000, window: hamming, n_mels: 80, frame_length: 25, frame_shift: 10, lfr_m: 7,
+  lfr_n: 6}
+specaug: SpecAugLFR
+specaug_conf: {apply_time_warp: false, apply_freq_mask: true, freq_mask_width_range: [0, 30], lfr_rate: 6,
+  num_freq_mask: 1, apply_time_mask: true, time_mask_width_range: [0, 12], num_time_mask: 1}
+tokenizer: CharTokenizer
+ctc_conf: {dropout_rate: 0.0, ctc_type: builtin, reduce: true, ignore_nan_grad: true}
+dataset: AudioDataset
+dataset_conf: {index_ds: IndexDSJsonl, batch_sampler: EspnetStyleBatchSampler, batch_type: length,
+  batch_size: 1, max_token_length: 2048, buffer_size: 500, shuffle: true, num_workers: 0}
+train_conf: {accum_grad: 1, grad_clip: 5, max_epoch: 150, keep_nbest_models: 10, avg_nbest_model: 10,
+  log_interval: 50}
+optim: adam
+optim_conf: {lr: 0.0005}
+scheduler: warmuplr
+scheduler_conf: {warmup_steps: 30000}
+"""},
+}
+
+# GPU-sized dimensions -> CPU-sized ones, for whichever of these keys a section has. A config whose
+# encoder is at most CPU_WIDTH wide (the tiny_*.yaml ones) is run at its own size.
+CPU_WIDTH = 128
+TINY = {
+    "encoder_conf": {"output_size": 64, "attention_heads": 2, "linear_units": 128, "num_blocks": 2,
+                     "tp_blocks": 1, "cnn_module_kernel": 7},
+    "decoder_conf": {"attention_heads": 2, "linear_units": 128, "num_blocks": 1, "att_layer_num": 1},
+    "predictor_conf": {"idim": 64},
+}
+# SenseVoice's prompt: <|en|> <|NEUTRAL|> <|Speech|> <|woitn|>, in SenseVoiceCTCDataset's order.
+SENSEVOICE_PROMPT = [SENSEVOICE_TAG_IDS[t] for t in ("<|en|>", "<|NEUTRAL|>", "<|Speech|>", "<|woitn|>")]
+
+
+def resolved(path: Path) -> tuple[DictConfig, int]:
+    """The config as funasr's trainer sees it (merged over the released one when fine-tuning), and
+    the vocabulary size of its output layer."""
+    cfg = load_config(path)
+    if pretrained_model(cfg):
+        released = RELEASED[cfg.model]
+        # funasr's download_model: the released config.yaml, with the recipe config merged over it.
+        return OmegaConf.merge(OmegaConf.create(released["config"]), cfg), released["vocab_size"]
+    spec = tokenizer_spec(cfg)
+    assert spec is not None, f"{path.name}: a from-scratch config needs build_tokenizer"
+    return cfg, SENSEVOICE_VOCAB_SIZE if spec["kind"] == "sensevoice" else int(spec["vocab_size"])
+
+
+def shrink(cfg: DictConfig) -> DictConfig:
+    """A copy of ``cfg`` with the TINY dimensions in place of a GPU-sized config's own."""
+    small = copy.deepcopy(cfg)
+    if cfg.encoder_conf.output_size <= CPU_WIDTH:
+        return small
+    for section, sizes in TINY.items():
+        conf = small.get(section)
+        for key, value in sizes.items():
+            if conf is not None and key in conf:
+                conf[key] = min(value, conf[key]) if key == "tp_blocks" else value
+    return small
+
+
+def frontend_of(cfg: DictConfig) -> Any:
+    conf = OmegaConf.to_container(cfg.frontend_conf, resolve=True)
+    conf["cmvn_file"] = None  # stage 1's am.mvn or the released one; either way not here
+    return tables.frontend_classes.get(cfg.frontend)(**conf)
+
+
+def build_model(cfg: DictConfig, vocab_size: int) -> torch.nn.Module:
+    """The model as ``funasr.auto.auto_model.AutoModel.build_model`` builds it (without the hub)."""
+    model_class = tables.model_classes.get(cfg.model)
+    assert model_class is not None, f"model {cfg.model} is not registered with funasr"
+    kwargs = OmegaConf.to_container(cfg, resolve=True)
+    frontend = frontend_of(cfg)
+    kwargs.update(frontend=frontend, input_size=frontend.output_size(), vocab_size=vocab_size)
+    model_conf: dict[str, Any] = {}
+    deep_update(model_conf, kwargs.get("model_conf", {}))
+    deep_update(model_conf, kwargs)
+    return model_class(**model_conf)
+
+
+def random_batch(cfg: DictConfig, input_size: int, vocab_size: int) -> dict[str, torch.Tensor]:
+    """Two utterances of random model input (already LFR-stacked) with targets laid out as the
+    config's dataset lays them out, padded as funasr's collators pad (features 0, ids -1)."""
+    gen = torch.Generator().manual_seed(0)
+    frames, n_tokens = [48, 36], [5, 3]
+    speech = torch.zeros(2, max(frames), input_size)
+    text = torch.full((2, max(n_tokens) + (4 if cfg.model == "SenseVoiceSmall" else 0)), -1, dtype=torch.long)
+    lengths = []
+    for i, (t, n) in enumerate(zip(frames, n_tokens, strict=True)):
+        speech[i, :t] = torch.randn(t, input_size, generator=gen)
+        ids = torch.randint(4, min(vocab_size, SENSEVOICE_PROMPT[0]), (n,), generator=gen).tolist()
+        if cfg.model == "SenseVoiceSmall":
+            ids = SENSEVOICE_PROMPT + ids
+        text[i, :len(ids)] = torch.tensor(ids)
+        lengths.append(len(ids))
+    # Lengths as (B, 1) int32: what the collators make of each sample's 1-element length tensor.
+    return {"speech": speech, "speech_lengths": torch.tensor(frames, dtype=torch.int32)[:, None],
+            "text": text, "text_lengths": torch.tensor(lengths, dtype=torch.int32)[:, None]}
+
+
+class _Lengths:
+    """The two methods of a funasr dataset that batch samplers read."""
+
+    def __init__(self, n: int) -> None:
+        self.source = [50 + (37 * i) % 900 for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def get_source_len(self, i: int) -> int:
+        return self.source[i]
+
+    def get_target_len(self, i: int) -> int:
+        return 5
+
+
+def test_the_configs_are_found() -> None:
+    names = {p.stem for p in CONFIGS}
+    assert {"tiny_sensevoice", "sensevoice_small", "paraformer", "tiny_paraformer"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_recipe_keys(path: Path) -> None:
+    """What the recipe's own stages read: the frontend (stage 1), and the tokenizer or the model to
+    fine-tune (stages 1 and 2)."""
+    raw = load_config(path)
+    fbank = fbank_conf(raw)  # stage 1 computes exactly this fbank
+    assert raw.frontend_conf.n_mels == fbank.n_mels
+    if pretrained_model(raw):
+        assert "model_conf" not in raw, f"{path.name}: model_conf makes funasr skip the pretrained model"
+        assert "build_tokenizer" not in raw, f"{path.name}: a fine-tune keeps the released tokenizer"
+        assert raw.model in RELEASED, f"{path.name}: no released architecture known for {raw.model}"
+        released = OmegaConf.create(RELEASED[raw.model]["config"]).frontend_conf
+        for key, value in raw.frontend_conf.items():
+            assert released.get(key, value) == value, f"{path.name}: frontend_conf.{key} differs from release"
+    else:
+        assert "model_conf" in raw, f"{path.name}: without model_conf funasr downloads {raw.model} from a hub"
+        spec = tokenizer_spec(raw)
+        assert spec is not None and spec["kind"] in KINDS, f"{path.name}: build_tokenizer kind not in {KINDS}"
+        assert raw.tokenizer in tables.tokenizer_classes, raw.tokenizer
+        assert "bpemodel" not in raw.tokenizer_conf, f"{path.name}: stage 2 sets tokenizer_conf.bpemodel"
+        assert "cmvn_file" not in raw.frontend_conf, f"{path.name}: stage 2 sets frontend_conf.cmvn_file"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_training_sections(path: Path) -> None:
+    """Names registered with funasr, and values its trainer accepts (after the merge, for fine-tunes)."""
+    cfg, _ = resolved(path)
+    ds = cfg.dataset_conf
+    assert cfg.dataset in tables.dataset_classes, cfg.dataset
+    assert FBANK_DATASETS.get(cfg.dataset) in tables.dataset_classes, f"no stage-1 variant of {cfg.dataset}"
+    assert ds.index_ds in tables.index_ds_classes, ds.index_ds
+    assert ds.batch_sampler in tables.batch_sampler_classes, ds.batch_sampler
+    assert ds.batch_type == "token", "batch_size is documented as padded fbank frames: batch_type token"
+    assert ds.data_split_num == 1, "one jsonl per set: data_split_num > 1 repeats it within an epoch"
+    assert ds.get("min_source_length", 0) <= 1, "short clips would be dropped without a word"
+    assert ds.max_token_length < ds.batch_size, "an utterance longer than batch_size cannot be batched"
+    tc = cfg.train_conf
+    assert tc.validate_interval > 0 and tc.save_checkpoint_interval > 0, "funasr divides by these"
+    assert tc.avg_keep_nbest_models_type == "loss", "SenseVoice and CTC models report no plain acc"
+    assert 0 < tc.avg_nbest_model <= tc.keep_nbest_models
+    assert tc.use_deepspeed is True
+    ds_json = ROOT / tc.deepspeed_config
+    assert ds_json.is_file() and ds_json.parent.name == "ds_configs", tc.deepspeed_config
+    assert json.loads(ds_json.read_text())["zero_optimization"]["stage"] in (1, 2, 3)
+    assert cfg.optim in optim_classes, f"optim {cfg.optim} not in {sorted(optim_classes)}"
+    assert cfg.scheduler in scheduler_classes, f"scheduler {cfg.scheduler} not in {sorted(scheduler_classes)}"
+    assert 0 < cfg.optim_conf.lr <= 0.005
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_batch_sampler_cuts_batches(path: Path) -> None:
+    """The configured sampler accepts the config's dataset_conf and yields batches of valid indices."""
+    cfg, _ = resolved(path)
+    conf = {**OmegaConf.to_container(cfg.dataset_conf, resolve=True), "is_training": True,
+            "rank": 0, "world_size": 1, "num_workers": 0}
+    data = _Lengths(200)
+    args = tables.batch_sampler_classes.get(cfg.dataset_conf.batch_sampler)(data, **conf)
+    sampler = args["batch_sampler"]
+    sampler.set_epoch(0)
+    batches = list(sampler)
+    assert batches and all(batch for batch in batches)
+    assert {i for batch in batches for i in batch} <= set(range(len(data)))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_model_trains_one_step(path: Path) -> None:
+    """Tiny dimensions, one random batch: finite loss, finite gradients, one optimiser step."""
+    cfg, vocab_size = resolved(path)
+    lfr_m, n_mels = cfg.frontend_conf.get("lfr_m", 1), cfg.frontend_conf.n_mels
+    if pretrained_model(cfg):
+        assert n_mels * lfr_m == 560, "the released encoder takes 80 mel bins x 7 stacked frames"
+    if "predictor_conf" in cfg:
+        assert cfg.predictor_conf.idim == cfg.encoder_conf.output_size, "predictor idim != encoder width"
+    if "decoder_conf" in cfg and "att_layer_num" in cfg.decoder_conf:
+        assert cfg.decoder_conf.att_layer_num <= cfg.decoder_conf.num_blocks, "att_layer_num > num_blocks"
+    if cfg.get("specaug") == "SpecAugLFR":
+        assert cfg.specaug_conf.lfr_rate == cfg.frontend_conf.lfr_n, "SpecAugLFR lfr_rate != lfr_n"
+    small = shrink(cfg)
+    torch.manual_seed(0)
+    model = build_model(small, vocab_size)
+    input_size = frontend_of(small).output_size()
+    assert input_size == n_mels * lfr_m
+    model.train()
+    loss, stats, weight = model(**random_batch(small, input_size, vocab_size))
+    assert torch.isfinite(loss), stats
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+    optim = optim_classes[small.optim](model.parameters(), **small.optim_conf)
+    scheduler = scheduler_classes[small.scheduler](optim, **small.scheduler_conf)
+    before = [p.detach().clone() for p in model.parameters()]
+    optim.step()
+    scheduler.step()
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
