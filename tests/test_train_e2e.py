@@ -6,8 +6,11 @@ stages 0-1 run once for the module and every test trains into its own exp dir.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -116,3 +119,39 @@ def test_missing_node_is_named(prepared: Path) -> None:
     assert res.returncode == 1
     assert "node(s) 1 2 of 3 have not arrived" in res.stderr and "--node-rank 1 2" in res.stderr
     assert not (prepared / "exp_missing" / ".nodes" / "node0").exists()  # checked out again on exit
+
+
+def last_step(log: Path) -> int:
+    return max(int(s) for s in re.findall(r"train, rank: 0, .*?total step: (\d+)", log.read_text()))
+
+
+def test_rank_killed_mid_epoch_resumes_to_the_same_number_of_steps(prepared: Path) -> None:
+    """kill -9 of one rank after a mid-epoch checkpoint; the rerun ends where an uninterrupted run ends."""
+    over = ["--", "++train_conf.max_epoch=2", "++train_conf.save_checkpoint_interval=3",
+            "++train_conf.log_interval=1", "++scheduler_conf.warmup_steps=10",
+            "++dataset_conf.batch_size=3000"]
+    ref = run_sh("--stage", "2", "--stop-stage", "2", *dirs(prepared, "exp_ref"), *over, timeout=900)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    want = last_step(prepared / "exp_ref" / "train.log")
+
+    args = ["./run.sh", "--stage", "2", "--stop-stage", "2", *dirs(prepared, "exp_kill"), *over]
+    run = subprocess.Popen(args, cwd=ROOT, env=CLEAN_ENV, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    log = prepared / "exp_kill" / "train.log"
+    deadline = time.monotonic() + 600
+    while not (log.exists() and re.search(r"train, rank: 0, .*total step: 5,", log.read_text())):
+        assert run.poll() is None and time.monotonic() < deadline, "training ended before step 5"
+        time.sleep(0.5)
+    torchrun = subprocess.run(["pgrep", "-f", f"torchrun.*{prepared / 'exp_kill'}"], capture_output=True,
+                              text=True).stdout.split()
+    ranks = subprocess.run(["pgrep", "-P", torchrun[0]], capture_output=True, text=True).stdout.split()
+    assert len(ranks) == 2, ranks
+    os.kill(int(ranks[-1]), signal.SIGKILL)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode != 0 and "training failed" in err
+    assert (prepared / "exp_kill" / "model.pt.ep0.3").exists()  # the mid-epoch checkpoint it resumes from
+
+    res = run_sh(*args[1:], timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert last_step(log) == want, (last_step(log), want)
+    assert "Checkpoint loaded successfully" in res.stderr

@@ -1,0 +1,115 @@
+"""Benchmark stage 2 on CPU: training utterances/s of the tiny SenseVoice against funasr's default path.
+
+Reads the bundled digit corpus; runs stages 0-1 (no speed perturbation) into a temporary folder (or
+--work-dir), then one epoch of ``local.train`` under torchrun (DeepSpeed ZeRO-1 bf16 unless
+--engine ddp) for each row:
+
+  funasr default    --feats-type raw: funasr's SenseVoiceCTCDataset decodes the audio and computes
+                    fbank in the DataLoader every step; funasr's BatchSampler; 1 process
+  stage-1 features  FbankSenseVoiceCTCDataset + LengthBucketBatchSampler; 1 process, then 2
+
+Throughput is training utterances of the epoch / the epoch's wall time (from the log lines "Train
+epoch: 0" to "Validate epoch: 1", so start-up and validation are excluded); data waiting is the sum
+of funasr's per-step ``data_load`` over the sum of ``total_time`` on rank 0. All ratios are from this
+one run. torch uses one thread per rank (path.sh), as in training.
+
+  python -m bench.bench_train --out-json exp/bench_train.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "conf" / "tiny_sensevoice.yaml"
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) .*\[node0 rank0\]")
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, check=True, text=True, **kw)
+
+
+def prepare(work: Path) -> None:
+    run(["./run.sh", "--stop-stage", "1", "--speed-perturb", "1.0", "--data-dir", str(work / "data"),
+         "--dump-dir", str(work / "dump"), "--exp-dir", str(work / "exp_prep")], capture_output=True)
+
+
+def train(work: Path, name: str, nproc: int, feats: str, sampler: str, engine: str, batch: int) -> dict:
+    exp = work / name
+    shutil.rmtree(exp, ignore_errors=True)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    cmd = ["torchrun", "--nnodes", "1", "--nproc-per-node", str(nproc), "--master-port", "29671",
+           "-m", "local.train", "--config", str(CONFIG), "--exp-dir", str(exp),
+           "--data-dir", str(work / "data"), "--dump-dir", str(work / "dump"), "--train-set", "train",
+           "--valid-set", "dev", "--feats-type", feats, "--train-engine", engine,
+           "--", "++train_conf.max_epoch=1", "++train_conf.log_interval=1",
+           f"++dataset_conf.batch_sampler={sampler}", f"++dataset_conf.batch_size={batch}",
+           "++dataset_conf.num_workers=1"]
+    out = run(cmd, env=env, capture_output=True).stderr
+    (exp / "bench.log").write_text(out)
+    lines = [line for line in out.splitlines() if "[node0 rank0]" in line]
+    start = next(line for line in lines if "Train epoch: 0, rank: 0" in line)
+    end = next(line for line in lines if "Validate epoch: 1, rank: 0" in line)
+    seconds = (_time(end) - _time(start)).total_seconds()
+    utts = sum(1 for _ in open(work / ("dump" if feats == "fbank" else "data") / "train" / "data.jsonl"))
+    load = [float(x) for x in re.findall(r"train, rank: 0,.*?'data_load': '([\d.]+)'", out)]
+    total = [float(x) for x in re.findall(r"train, rank: 0,.*?'total_time': '([\d.]+)'", out)]
+    return {"utt_per_s": utts / seconds, "epoch_s": seconds, "steps_rank0": len(total),
+            "data_wait": sum(load) / max(sum(total), 1e-9)}
+
+
+def _time(line: str) -> datetime:
+    return datetime.strptime(STAMP.match(line).group(1), "%Y-%m-%d %H:%M:%S,%f")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", choices=("deepspeed", "ddp"), default="deepspeed")
+    parser.add_argument("--batch-size", type=int, default=6000, help="padded fbank frames per rank")
+    parser.add_argument("--work-dir", type=Path)
+    parser.add_argument("--out-json", type=Path)
+    args = parser.parse_args()
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_train."))
+    prepare(work)
+    rows = {
+        "funasr default (raw audio, BatchSampler), 1 process":
+            train(work, "raw1", 1, "raw", "BatchSampler", args.engine, args.batch_size),
+        "stage-1 features (LengthBucket), 1 process":
+            train(work, "fbank1", 1, "fbank", "LengthBucketBatchSampler", args.engine, args.batch_size),
+        "stage-1 features (LengthBucket), 2 processes":
+            train(work, "fbank2", 2, "fbank", "LengthBucketBatchSampler", args.engine, args.batch_size),
+    }
+    print(f"\ntiny_sensevoice, {args.engine}, batch_size {args.batch_size} frames per rank, one epoch of the "
+          f"bundled corpus (2000 utterances), {os.cpu_count()} cores")
+    print(f"{'run':48s} {'utt/s':>7s} {'epoch s':>8s} {'steps':>6s} {'data wait':>10s}")
+    for name, r in rows.items():
+        print(f"{name:48s} {r['utt_per_s']:7.1f} {r['epoch_s']:8.1f} {r['steps_rank0']:6d} "
+              f"{r['data_wait']:9.1%}")
+    raw, one, two = (r["utt_per_s"] for r in rows.values())
+    ratios = {"stage-1 features / funasr default, 1 process": (one / raw, 2.5),
+              "2 processes / 1 process (stage-1 features)": (two / one, 1.85)}
+    for name, (value, target) in ratios.items():
+        print(f"{name:48s} {value:6.2f}x (target >= {target}: {'ok' if value >= target else 'MISSED'})")
+    wait = max(rows["stage-1 features (LengthBucket), 2 processes"]["data_wait"],
+               rows["stage-1 features (LengthBucket), 1 process"]["data_wait"])
+    verdict = "ok" if wait <= 0.05 else "MISSED"
+    print(f"{'data waiting, stage-1 features (worst)':48s} {wait:6.1%} (target <= 5%: {verdict})")
+    if args.out_json:
+        args.out_json.parent.mkdir(parents=True, exist_ok=True)
+        args.out_json.write_text(json.dumps({"rows": rows, "ratios": {k: v[0] for k, v in ratios.items()}},
+                                            indent=2))
+    if not args.work_dir:
+        shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()
