@@ -79,5 +79,10 @@ def test_ddp_wraps_without_cuda(trainer_ds, tmp_path) -> None:
         torch.distributed.destroy_process_group()
 
 
+def test_denormals_are_flushed(trainer_ds) -> None:
+    tiny = torch.tensor([1e-39], dtype=torch.float32)  # below float32's smallest normal, 1.18e-38
+    assert float(tiny * 1.0) == 0.0
+
+
 def test_memory_figures_of_the_log_line_are_zero(trainer_ds) -> None:
     assert torch.cuda.memory_allocated() == 0 and torch.cuda.max_memory_reserved() == 0
