@@ -53,7 +53,7 @@ def train(work: Path, name: str, nproc: int, feats: str, sampler: str, engine: s
            "--", "++train_conf.max_epoch=1", "++train_conf.log_interval=1",
            f"++dataset_conf.batch_sampler={sampler}", f"++dataset_conf.batch_size={batch}",
            "++dataset_conf.num_workers=1"]
-    out = run(cmd, env=env, capture_output=True).stderr
+    out = run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT).stdout  # Hydra logs to stdout
     (exp / "bench.log").write_text(out)
     lines = [line for line in out.splitlines() if "[node0 rank0]" in line]
     start = next(line for line in lines if "Train epoch: 0, rank: 0" in line)

@@ -6,7 +6,8 @@ for its shards: fixed runs of ``--shard-size`` jobs (a job is one utterance at o
 training set gets one job per ``--speed-perturb`` factor, other sets only 1.0), shard i on rank
 i % world-size. A shard whose ``.done`` matches the inputs is not recomputed.
 ``merge`` (node 0) waits for all shards and writes  <dump-dir>/<set>/{data.jsonl,feats.scp,
-rejected.tsv,report.json}, <dump-dir>/<train-set>/am.mvn and, for a from-scratch model, the tokenizer.
+rejected.tsv,report.json}, <dump-dir>/<train-set>/am.mvn (and am.lfr<m>x<n>.mvn, which stays valid when
+another config with other LFR settings rewrites am.mvn) and, for a from-scratch model, the tokenizer.
 
 The JSONL keeps stage 0's fields; ``source`` becomes ``<ark>:<offset>`` and ``source_len`` the number
 of 10 ms fbank frames (before low-frame-rate stacking), which is what ``batch_size`` then counts.
@@ -237,6 +238,11 @@ def merge_set(plan: SetPlan, conf: FbankConf, world_size: int, timeout: float) -
     return report, stats
 
 
+def cmvn_name(conf: FbankConf) -> str:
+    """The am.mvn of one LFR setting: its dimension and statistics depend on lfr_m and lfr_n."""
+    return f"am.lfr{conf.lfr_m}x{conf.lfr_n}.mvn"
+
+
 def merge(args: argparse.Namespace, conf: FbankConf) -> None:
     """Node 0: merge every set, write am.mvn from the training set and build the tokenizer."""
     cfg = load_config(args.config, args.overrides)
@@ -245,6 +251,7 @@ def merge(args: argparse.Namespace, conf: FbankConf) -> None:
         if plan.name == args.train_set:
             mean, std = stats.mean_std()
             write_am_mvn(plan.out / "am.mvn", mean, std)
+            write_am_mvn(plan.out / cmvn_name(conf), mean, std)
             log.info("%s: global CMVN over %d frames of dim %d (LFR m=%d n=%d)", plan.out / "am.mvn",
                      stats.count, mean.shape[0], conf.lfr_m, conf.lfr_n)
             if pretrained_model(cfg):

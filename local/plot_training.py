@@ -24,12 +24,13 @@ log = logging.getLogger(__name__)
 #   train, rank: 0, epoch: 1/2, ... total step: 40, (loss_avg_rank: 41.498), ... (acc_avg_slice: 0.000),
 #   (lr: 2.733e-04), [('loss_ctc', 34.031), ('acc_rich', 0.0)], ...
 #   Validate epoch: 2, rank: 0      ...      current_val: 43.627, best_val_loss: 67.25
+# An epoch that does not improve logs no current_val but "No improvement in loss: 4.3196 > 4.0236".
 NUM = r"([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|nan|inf)"
 TRAIN = re.compile(rf"train, rank: 0, epoch: (\d+)/\d+, .*?total step: (\d+), \(loss_avg_rank: {NUM}\), "
                    rf".*?\(acc_avg_slice: {NUM}\), \(lr: {NUM}\), \[(.*?)\]")
 STAT = re.compile(rf"\('(\w+)', {NUM}\)")
 VALIDATE = re.compile(r"Validate epoch: (\d+), rank: 0\b")
-VAL_LOSS = re.compile(rf"\[node\d+ rank0\].*current_val: {NUM}")
+VAL_LOSS = re.compile(rf"\[node\d+ rank0\].*(?:current_val: |No improvement in loss: ){NUM}")
 
 
 @dataclass

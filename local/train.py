@@ -5,7 +5,7 @@ the CPU patch (local/funasr_cpu_patch.py; a no-op with CUDA), turns the recipe's
 overrides and hands over to ``funasr.bin.train_ds.main_hydra``: the trainer is not forked.
 
 Reads  the model config, dump/<set>/data.jsonl (or data/<set>/data.jsonl with --feats-type raw),
-       dump/<train>/am.mvn and dump/tokenizer/<tag>/ for a from-scratch model;
+       dump/<train>/am.lfr<m>x<n>.mvn and dump/tokenizer/<tag>/ for a from-scratch model;
 writes <exp-dir>/: funasr's checkpoints, config.yaml, TensorBoard log; Hydra's own files in
        <exp-dir>/.hydra.
 
@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 
 from local.bad_input import str2bool
-from local.model_config import load_config, pretrained_model, tokenizer_spec
+from local.compute_fbank import cmvn_name
+from local.model_config import fbank_conf, load_config, pretrained_model, tokenizer_spec
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ def hydra_argv(args: argparse.Namespace, overrides: list[str]) -> list[str]:
         # am.mvn and tokenizer; our config's settings are merged over the model's.
         argv.append(f"++model={args.pretrained_dir.resolve()}")
     else:
-        argv.append(f"++frontend_conf.cmvn_file={(args.dump_dir / args.train_set / 'am.mvn').resolve()}")
+        cmvn = args.dump_dir / args.train_set / cmvn_name(fbank_conf(cfg))
+        argv.append(f"++frontend_conf.cmvn_file={cmvn.resolve()}")
         spec = tokenizer_spec(cfg)
         if spec is not None:
             model = tokenizer_file(args.dump_dir, tag, spec["kind"]).resolve()

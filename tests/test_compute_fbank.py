@@ -66,6 +66,7 @@ def test_silent_audio_gives_finite_features(dumped: Path) -> None:
 def test_am_mvn_is_the_global_lfr_statistics(dumped: Path) -> None:
     """am.mvn (read by funasr's own load_cmvn) holds -mean and 1/std of the LFR training frames."""
     cmvn = load_cmvn(str(dumped / "train" / "am.mvn")).numpy()
+    assert (dumped / "train" / "am.lfr7x6.mvn").read_text() == (dumped / "train" / "am.mvn").read_text()
     fe = frontend(None)
     frames = torch.cat([load_features(i["source"], fe) for i in jsonl(dumped / "train" / "data.jsonl")])
     mean, std = frames.double().mean(0).numpy(), frames.double().std(0, unbiased=False).numpy()

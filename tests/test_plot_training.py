@@ -17,6 +17,10 @@ TRAIN = ("2026-11-30 15:53:58,776 INFO [node0 rank{r}] [trainer_ds.py:953] train
 VALIDATE = "2026-11-30 15:55:54,189 INFO [node0 rank{r}] [trainer_ds.py:829] Validate epoch: {e}, rank: {r}\n"
 CURRENT = ("2026-11-30 15:56:01,920 INFO [node0 rank{r}] [train_ds.py:261] current_val: {v}, "
            "best_val_loss: inf\n")
+NO_BETTER = ("2026-11-30 16:52:08,891 INFO [node0 rank{r}] [train_ds.py:266] No val_loss improvement "
+             "for 1/0 epochs\n"
+             "2026-11-30 16:52:08,895 INFO [node0 rank{r}] [trainer_ds.py:273] No improvement in loss: "
+             "{v:.4f} > 4.0236, /x/exp/model.pt.ep2\n")
 
 
 def write_log(path: Path, epochs: int, partial: bool = False) -> list[float]:
@@ -29,11 +33,11 @@ def write_log(path: Path, epochs: int, partial: bool = False) -> list[float]:
                                           acc=0.01 * total))
         if partial and e == epochs - 1:
             break  # still training: no validation yet for the last epoch
-        vals.append(60.0 - 10 * e)
+        vals.append(60.0 - 10 * e if e != 1 else 75.0)  # epoch 2 does not improve
         for r in (0, 1):
             lines.append(VALIDATE.format(r=r, e=e + 1))
         for r in (1, 0):
-            lines.append(CURRENT.format(r=r, v=vals[-1] + r))
+            lines.append((NO_BETTER if e == 1 else CURRENT).format(r=r, v=vals[-1] + r))
     path.write_text("".join(lines))
     return vals
 

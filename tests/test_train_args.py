@@ -22,7 +22,7 @@ def test_from_scratch_on_stage1_features(capsys: pytest.CaptureFixture) -> None:
     argv = hydra(capsys, "--", "++train_conf.max_epoch=3")
     assert "++dataset=FbankSenseVoiceCTCDataset" in argv
     assert "++train_data_set_list=/x/dump/train/data.jsonl" in argv
-    assert "++frontend_conf.cmvn_file=/x/dump/train/am.mvn" in argv
+    assert "++frontend_conf.cmvn_file=/x/dump/train/am.lfr7x6.mvn" in argv
     bpe = "/x/dump/tokenizer/tiny_sensevoice/chn_jpn_yue_eng_ko_spectok.bpe.model"
     assert f"++tokenizer_conf.bpemodel={bpe}" in argv
     assert "++backend=gloo" in argv and "++device=cpu" in argv and "++dataset_conf.data_split_num=1" in argv

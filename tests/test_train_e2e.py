@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from local.plot_training import parse_log
 from tests.test_run_sh import CLEAN_ENV, ROOT, run_sh
 from tests.train_data import make_digit_subset
 
@@ -38,7 +39,7 @@ def dirs(root: Path, exp: str) -> list[str]:
 
 
 def val_losses(log: Path) -> list[float]:
-    return [float(v) for v in re.findall(r"\[node0 rank0\].*current_val: ([\d.]+)", log.read_text())]
+    return parse_log(log).val_loss
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +156,27 @@ def test_rank_killed_mid_epoch_resumes_to_the_same_number_of_steps(prepared: Pat
     assert res.returncode == 0, res.stderr[-3000:]
     assert last_step(log) == want, (last_step(log), want)
     assert "Checkpoint loaded successfully" in res.stderr
+
+
+@pytest.mark.parametrize("config", ["tiny_paraformer", "tiny_conformer_ctc"])
+def test_other_tiny_configs_learn(prepared: Path, config: str) -> None:
+    """Stages 1-2 with each from-scratch config (its own tokenizer and LFR), DeepSpeed, 2 ranks."""
+    res = run_sh("--stage", "1", "--stop-stage", "2", "--config", f"conf/{config}.yaml",
+                 "--data-dir", str(prepared / "data"), "--dump-dir", str(prepared / f"dump_{config}"),
+                 "--exp-dir", str(prepared / f"exp_{config}"), "--speed-perturb", "1.0", "--",
+                 "++train_conf.max_epoch=4", *FAST, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    losses = val_losses(prepared / f"exp_{config}" / "train.log")
+    assert len(losses) == 4 and min(losses[1:]) < 0.8 * losses[0], losses
+    assert (prepared / f"dump_{config}" / "tokenizer" / config / "tokenizer.model").is_file()
+
+
+def test_offline_hub_name_stops_with_the_download_command(prepared: Path, tmp_path: Path) -> None:
+    env = {"MODELSCOPE_CACHE": str(tmp_path)}  # an empty cache; CI cannot reach the hub
+    res = run_sh("--stage", "2", "--stop-stage", "2", "--config", "conf/sensevoice_small.yaml",
+                 *dirs(prepared, "exp_offline"), env=env, timeout=120)
+    if "downloading from ModelScope" in res.stderr:
+        pytest.skip("this machine reaches ModelScope")
+    assert res.returncode == 1
+    assert "modelscope download --model iic/SenseVoiceSmall" in res.stderr
+    assert "--pretrained-dir" in res.stderr
