@@ -42,7 +42,8 @@ def prepare(work: Path) -> None:
          "--dump-dir", str(work / "dump"), "--exp-dir", str(work / "exp_prep")], capture_output=True)
 
 
-def train(work: Path, name: str, nproc: int, feats: str, sampler: str, engine: str, batch: int) -> dict:
+def train(work: Path, name: str, nproc: int, feats: str, sampler: str, engine: str, batch: int,
+          workers: int = 1) -> dict:
     exp = work / name
     shutil.rmtree(exp, ignore_errors=True)
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
@@ -52,7 +53,7 @@ def train(work: Path, name: str, nproc: int, feats: str, sampler: str, engine: s
            "--valid-set", "dev", "--feats-type", feats, "--train-engine", engine,
            "--", "++train_conf.max_epoch=1", "++train_conf.log_interval=1",
            f"++dataset_conf.batch_sampler={sampler}", f"++dataset_conf.batch_size={batch}",
-           "++dataset_conf.num_workers=1"]
+           f"++dataset_conf.num_workers={workers}"]
     out = run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT).stdout  # Hydra logs to stdout
     (exp / "bench.log").write_text(out)
     lines = [line for line in out.splitlines() if "[node0 rank0]" in line]
@@ -75,6 +76,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", choices=("deepspeed", "ddp"), default="deepspeed")
     parser.add_argument("--batch-size", type=int, default=6000, help="padded fbank frames per rank")
+    parser.add_argument("--fbank-workers", type=int, default=1,
+                        help="DataLoader workers per rank for the stage-1 rows (funasr's row keeps 1)")
     parser.add_argument("--work-dir", type=Path)
     parser.add_argument("--out-json", type=Path)
     args = parser.parse_args()
@@ -84,12 +87,15 @@ def main() -> None:
         "funasr default (raw audio, BatchSampler), 1 process":
             train(work, "raw1", 1, "raw", "BatchSampler", args.engine, args.batch_size),
         "stage-1 features (LengthBucket), 1 process":
-            train(work, "fbank1", 1, "fbank", "LengthBucketBatchSampler", args.engine, args.batch_size),
+            train(work, "fbank1", 1, "fbank", "LengthBucketBatchSampler", args.engine, args.batch_size,
+                  args.fbank_workers),
         "stage-1 features (LengthBucket), 2 processes":
-            train(work, "fbank2", 2, "fbank", "LengthBucketBatchSampler", args.engine, args.batch_size),
+            train(work, "fbank2", 2, "fbank", "LengthBucketBatchSampler", args.engine, args.batch_size,
+                  args.fbank_workers),
     }
     print(f"\ntiny_sensevoice, {args.engine}, batch_size {args.batch_size} frames per rank, one epoch of the "
-          f"bundled corpus (2000 utterances), {os.cpu_count()} cores")
+          f"bundled corpus (2000 utterances), {os.cpu_count()} cores, stage-1 rows with {args.fbank_workers} "
+          "DataLoader worker(s) per rank")
     print(f"{'run':48s} {'utt/s':>7s} {'epoch s':>8s} {'steps':>6s} {'data wait':>10s}")
     for name, r in rows.items():
         print(f"{name:48s} {r['utt_per_s']:7.1f} {r['epoch_s']:8.1f} {r['steps_rank0']:6d} "
