@@ -148,7 +148,8 @@ wait_for_nodes() {  # dir fingerprint: every node checks in under the shared dir
   local dir=$1/.nodes waited=0 missing n
   mkdir -p "${dir}"
   echo "$2 $(hostname)" > "${dir}/node${node_rank}"
-  trap 'rm -f "${dir}/node${node_rank}"' EXIT
+  # shellcheck disable=SC2064  # expand now: ${dir} is local, gone by the time the trap runs
+  trap "rm -f $(printf %q "${dir}/node${node_rank}")" EXIT
   while :; do
     missing=""
     for ((n = 0; n < nnodes; n++)); do
