@@ -180,3 +180,13 @@ def test_offline_hub_name_stops_with_the_download_command(prepared: Path, tmp_pa
     assert res.returncode == 1
     assert "modelscope download --model iic/SenseVoiceSmall" in res.stderr
     assert "--pretrained-dir" in res.stderr
+
+
+def test_raw_audio_path_trains_too(prepared: Path) -> None:
+    """--feats-type raw: funasr's own dataset decodes the audio every step (for comparison)."""
+    res = run_sh("--stage", "2", "--stop-stage", "2", "--feats-type", "raw", *dirs(prepared, "exp_raw"),
+                 "--", "++train_conf.max_epoch=1", *FAST, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    log = (prepared / "exp_raw" / "train.log").read_text()
+    assert "'dataset': 'SenseVoiceCTCDataset'" in log and "/data/train/data.jsonl" in log
+    assert len(val_losses(prepared / "exp_raw" / "train.log")) == 1
