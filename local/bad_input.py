@@ -1,4 +1,5 @@
-"""How stages report bad input: one ``Rejection`` per entry, in ``rejected.tsv`` or as a fatal error.
+"""How stages report bad input (one ``Rejection`` per entry, in ``rejected.tsv`` or as a fatal error),
+and the command-line helpers every stage program shares.
 
 Every stage that drops an utterance says where it came from (file, line, key) and why, so that
 entries in = accepted + rejected at every stage, and ``--strict true`` turns the first one fatal.
@@ -31,6 +32,15 @@ class Rejection:
     def message(self) -> str:
         line = "" if self.line is None else self.line
         return f"{self.file}:{line}: {self.key}: {self.reason}: {self.detail}"
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the program's own options, the Hydra overrides after ``--``) of a stage program's command line.
+
+    Split by hand: argparse treats a lone trailing ``--`` with nothing after it as an error.
+    """
+    split = argv.index("--") if "--" in argv else len(argv)
+    return argv[:split], argv[split + 1:]
 
 
 def str2bool(value: str) -> bool:

@@ -34,7 +34,7 @@ import kaldiio
 import numpy as np
 
 from local.audio import AudioError, load_audio
-from local.bad_input import REJECTED_HEADER, BadInputError, Rejection, str2bool
+from local.bad_input import REJECTED_HEADER, BadInputError, Rejection, split_overrides, str2bool
 from local.cmvn import CmvnStats, write_am_mvn
 from local.dist_slice import marker_matches, my_shards, num_shards, wait_for_shards
 from local.fbank import FbankExtractor
@@ -285,10 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strict", type=str2bool, default=False, help="stop at the first bad utterance")
     parser.add_argument("--wait-timeout", type=float, default=7200, help="merge: seconds to wait for shards")
     parser.add_argument("--tokenizer-dir", type=Path, default=Path("dump/tokenizer"))
-    argv = sys.argv[1:] if argv is None else argv
-    split = argv.index("--") if "--" in argv else len(argv)
-    args = parser.parse_args(argv[:split])
-    args.overrides = argv[split + 1:]  # Hydra overrides of the config, as run.sh passes them after --
+    own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(own)
+    args.overrides = overrides  # Hydra overrides of the config, as run.sh passes them after --
     setup_logging()
     try:
         conf = fbank_conf(load_config(args.config, args.overrides))

@@ -48,6 +48,15 @@ def load_features(source: str, frontend: WavFrontend) -> torch.Tensor:
     return feats
 
 
+def _speech_and_target(dataset: AudioDataset | SenseVoiceCTCDataset, index: int) -> tuple:
+    """(item, model input, transcript) of one utterance: stage-1 features, funasr's text preprocessing."""
+    item = dataset.index_ds[index]
+    target = item["target"]
+    if dataset.preprocessor_text:
+        target = dataset.preprocessor_text(target)
+    return item, load_features(item["source"], dataset.frontend), target
+
+
 def _sample(speech: torch.Tensor, ids: list[int]) -> dict[str, torch.Tensor]:
     """One sample in the layout funasr's collators expect."""
     return {
@@ -63,11 +72,7 @@ class FbankSenseVoiceCTCDataset(SenseVoiceCTCDataset):
     """``SenseVoiceCTCDataset`` on stage-1 features; targets built as funasr builds them."""
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        item = self.index_ds[index]
-        speech = load_features(item["source"], self.frontend)
-        target = item["target"]
-        if self.preprocessor_text:
-            target = self.preprocessor_text(target)
+        item, speech, target = _speech_and_target(self, index)
 
         def encode(text: str) -> list[int]:
             return self.tokenizer.encode(text, allowed_special="all")
@@ -84,9 +89,5 @@ class FbankAudioDataset(AudioDataset):
     """``AudioDataset`` (Paraformer, Conformer-CTC) on stage-1 features."""
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        item = self.index_ds[index]
-        speech = load_features(item["source"], self.frontend)
-        target = item["target"]
-        if self.preprocessor_text:
-            target = self.preprocessor_text(target)
+        _, speech, target = _speech_and_target(self, index)
         return _sample(speech, self.tokenizer.encode(target))

@@ -17,6 +17,7 @@ import socket
 import sys
 from pathlib import Path
 
+from local.bad_input import split_overrides
 from local.log_utils import setup_logging
 from local.model_config import load_config, pretrained_model
 
@@ -76,15 +77,14 @@ def resolve(name: str, pretrained_dir: Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    split = argv.index("--") if "--" in argv else len(argv)
+    own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--pretrained-dir", type=Path, help="a local copy of the config's pretrained model")
-    args = parser.parse_args(argv[:split])
+    args = parser.parse_args(own)
     setup_logging()
-    name = pretrained_model(load_config(args.config, argv[split + 1:]))
+    name = pretrained_model(load_config(args.config, overrides))
     if name is None:
         if args.pretrained_dir:
             log.warning("%s trains from scratch: --pretrained-dir %s is ignored", args.config,

@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from local.bad_input import str2bool
+from local.bad_input import split_overrides, str2bool
 from local.compute_fbank import cmvn_name
 from local.model_config import fbank_conf, load_config, pretrained_model, tokenizer_spec
 
@@ -80,8 +80,7 @@ def hydra_argv(args: argparse.Namespace, overrides: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    split = argv.index("--") if "--" in argv else len(argv)
+    own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, required=True)
@@ -97,8 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pretrained-dir", type=Path, help="local dir of the config's pretrained_model")
     parser.add_argument("--dry-run", type=str2bool, default=False,
                         help="print the Hydra command line and exit")
-    args = parser.parse_args(argv[:split])
-    overrides = argv[split + 1:]
+    args = parser.parse_args(own)
 
     import local.feats_dataset  # noqa: F401  (registers the Fbank* datasets with funasr)
     from local import funasr_cpu_patch
