@@ -38,6 +38,14 @@ def dirs(root: Path, exp: str) -> list[str]:
     return ["--data-dir", str(root / "data"), "--dump-dir", str(root / "dump"), "--exp-dir", str(root / exp)]
 
 
+def train_stage2(prepared: Path, exp: str, epochs: int, *options: str) -> str:
+    """Stage 2 alone into prepared/<exp> with run.sh ``options``; asserts success, returns train.log."""
+    res = run_sh("--stage", "2", "--stop-stage", "2", *options, *dirs(prepared, exp), "--",
+                 f"++train_conf.max_epoch={epochs}", *FAST, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return (prepared / exp / "train.log").read_text()
+
+
 def val_losses(log: Path) -> list[float]:
     return parse_log(log).val_loss
 
@@ -45,9 +53,7 @@ def val_losses(log: Path) -> list[float]:
 @pytest.fixture(scope="module")
 def trained(prepared: Path) -> Path:
     """4 epochs from scratch: DeepSpeed ZeRO-1 bf16, 2 CPU ranks."""
-    res = run_sh("--stage", "2", "--stop-stage", "2", *dirs(prepared, "exp_ds"), "--",
-                 "++train_conf.max_epoch=4", *FAST, timeout=900)
-    assert res.returncode == 0, res.stderr[-4000:]
+    train_stage2(prepared, "exp_ds", 4)
     return prepared / "exp_ds"
 
 
@@ -90,10 +96,7 @@ def test_finetune_from_a_model_dir_like_sensevoicesmall(prepared: Path, trained:
 
 
 def test_ddp_engine(prepared: Path) -> None:
-    res = run_sh("--stage", "2", "--stop-stage", "2", "--train-engine", "ddp", *dirs(prepared, "exp_ddp"),
-                 "--", "++train_conf.max_epoch=2", *FAST, timeout=900)
-    assert res.returncode == 0, res.stderr[-4000:]
-    log = (prepared / "exp_ddp" / "train.log").read_text()
+    log = train_stage2(prepared, "exp_ddp", 2, "--train-engine", "ddp")
     assert "use_ddp: True" in log and "[node0 rank1]" in log
     assert len(val_losses(prepared / "exp_ddp" / "train.log")) == 2
 
@@ -184,9 +187,6 @@ def test_offline_hub_name_stops_with_the_download_command(prepared: Path, tmp_pa
 
 def test_raw_audio_path_trains_too(prepared: Path) -> None:
     """--feats-type raw: funasr's own dataset decodes the audio every step (for comparison)."""
-    res = run_sh("--stage", "2", "--stop-stage", "2", "--feats-type", "raw", *dirs(prepared, "exp_raw"),
-                 "--", "++train_conf.max_epoch=1", *FAST, timeout=900)
-    assert res.returncode == 0, res.stderr[-4000:]
-    log = (prepared / "exp_raw" / "train.log").read_text()
+    log = train_stage2(prepared, "exp_raw", 1, "--feats-type", "raw")
     assert "'dataset': 'SenseVoiceCTCDataset'" in log and "/data/train/data.jsonl" in log
     assert len(val_losses(prepared / "exp_raw" / "train.log")) == 1
