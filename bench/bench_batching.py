@@ -14,6 +14,8 @@ with the same dataset_conf (batch_type token, --batch-size frames per rank, sort
   pad %        padded frames / all frames in the batches of epoch 0 (max length x size, summed)
   batches      batches of epoch 0, all ranks together
   steps/rank   batches each rank gets in epoch 0 (min-max over ranks)
+  floor %      the least padding any split of the length-sorted corpus into that many batches
+               within the same budget can have (dynamic programming): what no sampler can beat
   seen %       utterances yielded in epoch 0 / corpus size (below 100: dropped; above: repeated)
   same batches epoch 1 yields the same batches as epoch 0 on rank 0, in the same order
   same order   epoch 1's sequence of (batch size, longest utterance) per step equals epoch 0's on rank 0
@@ -24,6 +26,7 @@ with the same dataset_conf (batch_type token, --batch-size frames per rank, sort
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import torch.distributed as dist
 from funasr.register import tables
 
@@ -79,6 +83,26 @@ def default_corpora(tmp: Path) -> dict[str, Path]:
     return corpora
 
 
+@functools.cache
+def padding_floor(lengths: tuple[int, ...], batch_size: int, n_batches: int, max_utts: int = 200) -> float:
+    """Least padded fraction over all splits of the sorted lengths into ``n_batches`` contiguous batches
+    with longest x size <= batch_size and size <= max_utts (contiguous splits of the sorted list are
+    optimal: exchanging two utterances across batches never lowers either batch's longest)."""
+    sorted_lengths = np.sort(np.asarray(lengths, dtype=np.float64))
+    n = len(sorted_lengths)
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    for _ in range(n_batches):
+        nxt = np.full(n + 1, np.inf)
+        for end in range(1, n + 1):
+            start = np.arange(max(0, end - max_utts), end)
+            area = sorted_lengths[end - 1] * (end - start)
+            cost = np.where(area <= batch_size, best[start] + area, np.inf)
+            nxt[end] = cost.min()
+        best = nxt
+    return 100.0 * (1.0 - sorted_lengths.sum() / best[n]) if np.isfinite(best[n]) else float("nan")
+
+
 def epoch_batches(make: Callable[..., dict[str, Any]], ds: Lengths, conf: dict[str, Any], rank: int,
                   world: int, epoch: int) -> list[list[int]]:
     """One rank's batches of one epoch, built as funasr's DataloaderMapStyle.build_iter builds them."""
@@ -103,6 +127,7 @@ def measure(make: Callable[..., dict[str, Any]], lengths: list[int], conf: dict[
 
     steps = [len(r) for r in e0]
     return {"pad": 100.0 * (1 - real / padded), "batches": len(flat),
+            "floor": padding_floor(tuple(lengths), conf["batch_size"], len(flat)),
             "steps": f"{min(steps)}-{max(steps)}" if min(steps) != max(steps) else str(steps[0]),
             "seen": 100.0 * sum(len(b) for b in flat) / len(lengths),
             "same_batches": e1_rank0 == e0[0], "same_order": profile(e1_rank0) == profile(e0[0])}
@@ -125,7 +150,7 @@ def main() -> None:
                    else default_corpora(Path(tmp)))
         lengths = {name: read_lengths(path) for name, path in corpora.items()}
     header = (f"{'corpus':<22} {'utts':>5} {'world':>5} {'sampler':<26} {'pad %':>6} {'batches':>7} "
-              f"{'steps/rank':>10} {'seen %':>6} {'same batches':>12} {'same order':>10}")
+              f"{'floor %':>7} {'steps/rank':>10} {'seen %':>6} {'same batches':>12} {'same order':>10}")
     print(f"batch_type token, batch_size {args.batch_size} frames per rank, sort_size 1024, "
           "epochs 0 and 1; 'same ...' compare rank 0's epoch 1 with its epoch 0")
     print(header)
@@ -136,7 +161,7 @@ def main() -> None:
                 make = tables.batch_sampler_classes.get(table_name)
                 r = measure(make, lens, {**conf, **extra}, world)
                 print(f"{name:<22} {len(lens):>5} {world:>5} {label:<26} {r['pad']:>6.2f} {r['batches']:>7} "
-                      f"{r['steps']:>10} {r['seen']:>6.1f} {str(r['same_batches']):>12} "
+                      f"{r['floor']:>7.2f} {r['steps']:>10} {r['seen']:>6.1f} {str(r['same_batches']):>12} "
                       f"{str(r['same_order']):>10}")
 
 

@@ -69,15 +69,31 @@ def cut_batches(order: np.ndarray, lengths: np.ndarray, batch_size: int, batch_t
     return batches, oversized
 
 
+def split_to_multiple(batches: list[list[int]], world_size: int) -> list[list[int]]:
+    """``batches`` with the largest (most utterances) split in two until their count is a multiple of
+    ``world_size``; each batch keeps its order, so a length-sorted batch splits into short and long
+    halves, each within the budget. Raises ValueError when there are fewer utterances than ranks."""
+    batches = list(batches)
+    while len(batches) % world_size:
+        i = max(range(len(batches)), key=lambda j: len(batches[j]))
+        if len(batches[i]) < 2:
+            raise ValueError(f"{len(batches)} utterances for {world_size} ranks: every rank needs at "
+                             "least one batch; use fewer processes")
+        half = len(batches[i]) // 2
+        batches[i : i + 1] = [batches[i][:half], batches[i][half:]]
+    return batches
+
+
 class BucketBatchSampler:
     """The batch sampler object funasr's trainer drives: ``set_epoch``, ``__iter__``, ``__len__``.
 
     Training (``is_training`` and ``shuffle``): sorted by length with a random tiebreak and a key
     jittered by up to +-``length_jitter`` (relative), cut into batches, batch order shuffled. All of it
     is drawn from ``numpy.random.default_rng([seed, epoch])``, so every rank builds the same list.
-    Remainder rule: the last ``n_batches % world_size`` batches of the shuffled list are DROPPED (at
-    most world_size - 1 batches per epoch; a different set each epoch, since the order is reshuffled),
-    so that every rank takes the same number of optimiser steps. Fewer batches than ranks is an error.
+    Remainder rule: so that every rank takes the same number of optimiser steps without losing data,
+    the batches with the most utterances are split in two (short half, long half) until their count is
+    a multiple of world_size; nothing is dropped (dropping the remainder lost 7.5% of a 2,000-utterance
+    corpus per epoch at 2 ranks). Fewer utterances than ranks is an error.
 
     Validation (``is_training=False``, or ``shuffle=False``): sorted by length (ties by index), no
     jitter, no shuffle, nothing dropped. The list is PADDED to a multiple of world_size by repeating
@@ -148,11 +164,8 @@ class BucketBatchSampler:
             self._warned_oversized = True
         n, w = len(batches), self.world_size
         if self.shuffle:
-            if n < w:
-                raise ValueError(f"only {n} batches of batch_size {self.batch_size} ({self.batch_type}) "
-                                 f"for {w} ranks: every rank needs at least one; lower batch_size or use "
-                                 "fewer processes")
-            batches = [batches[i] for i in rng.permutation(n)][: n - n % w]
+            batches = split_to_multiple(batches, w)
+            batches = [batches[i] for i in rng.permutation(len(batches))]
         elif n % w:
             # Cyclic, so that even fewer batches than ranks gives every rank one.
             batches = batches + [batches[i % n] for i in range(w - n % w)]

@@ -21,6 +21,8 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+
 from local.bad_input import split_overrides, str2bool
 from local.compute_fbank import cmvn_name
 from local.model_config import fbank_conf, load_config, pretrained_model, tokenizer_spec
@@ -52,7 +54,12 @@ def hydra_argv(args: argparse.Namespace, overrides: list[str]) -> list[str]:
             f"++train_conf.use_deepspeed={str(args.train_engine == 'deepspeed').lower()}",
             f"++train_conf.deepspeed_config={args.ds_config.resolve()}",
             # One JSONL per set: the hub's data_split_num (32 for SenseVoice) would repeat it 32 times.
-            "++dataset_conf.data_split_num=1"]
+            "++dataset_conf.data_split_num=1",
+            # funasr's AutoModel, which builds the model inside train_ds, calls
+            # torch.set_num_threads(ncpu) with ncpu 4 by default, overriding OMP_NUM_THREADS: two ranks
+            # on two cores then ran eight OpenMP threads that spun in barriers (80% system time, 1.2x
+            # scaling). Keep the launcher's per-rank thread count.
+            f"++ncpu={torch.get_num_threads()}"]
     source = args.dump_dir if args.feats_type == "fbank" else args.data_dir
     argv += [f"++train_data_set_list={(source / args.train_set / 'data.jsonl').resolve()}",
              f"++valid_data_set_list={(source / args.valid_set / 'data.jsonl').resolve()}"]

@@ -17,7 +17,12 @@ from funasr.datasets.dataloader_entry import DataloaderMapStyle
 from funasr.register import tables
 
 import local.batch_sampler  # noqa: F401  (registers LengthBucketBatchSampler)
-from local.batch_sampler import BucketBatchSampler, cut_batches, length_bucket_batch_sampler
+from local.batch_sampler import (
+    BucketBatchSampler,
+    cut_batches,
+    length_bucket_batch_sampler,
+    split_to_multiple,
+)
 
 BATCH = 6000  # padded frames per rank, as in conf/tiny_sensevoice.yaml
 
@@ -77,20 +82,23 @@ def padding(batches: list[list[int]], lengths: list[int]) -> float:
     return 1.0 - sum(lengths[i] for b in batches for i in b) / padded
 
 
-def test_every_utterance_once_per_epoch_except_the_dropped_remainder() -> None:
+def test_every_utterance_exactly_once_per_epoch_on_any_world_size() -> None:
     lengths = realistic_lengths()
-    for world in (1, 2, 3, 4):
+    for world in (1, 2, 3, 4, 7):
         for epoch in (0, 1):
-            full = sampler(lengths)  # world 1 deals the same shuffled list and drops nothing
-            full.set_epoch(epoch)
-            every = full.epoch_batches()
-            seen = [i for rank in rank_lists(lengths, world, epoch) for b in rank for i in b]
-            assert len(seen) == len(set(seen)), "an utterance was yielded twice in one epoch"
-            kept = len(every) - len(every) % world
-            dropped = {i for b in every[kept:] for i in b}
-            assert set(seen) == set(range(len(lengths))) - dropped
-            assert len(every) % world <= world - 1
-    assert sorted(i for b in sampler(lengths).epoch_batches() for i in b) == list(range(len(lengths)))
+            ranks = rank_lists(lengths, world, epoch)
+            seen = [i for rank in ranks for b in rank for i in b]
+            assert sorted(seen) == list(range(len(lengths))), f"world {world}: lost or repeated utterances"
+            assert len({len(rank) for rank in ranks}) == 1, f"world {world}: unequal step counts"
+
+
+def test_remainder_batches_are_split_not_dropped() -> None:
+    batches = [[0, 1, 2, 3], [4, 5], [6]]
+    assert split_to_multiple(batches, 1) == batches
+    assert split_to_multiple(batches, 2) == [[0, 1], [2, 3], [4, 5], [6]]
+    assert split_to_multiple(batches, 5) == [[0], [1], [2, 3], [4, 5], [6]]
+    with pytest.raises(ValueError, match="7 utterances for 8 ranks"):
+        split_to_multiple([[i] for i in range(7)], 8)
 
 
 def test_padding_stays_under_2_5_percent_of_frames() -> None:
@@ -175,9 +183,12 @@ def test_over_budget_utterance_is_a_batch_of_one_and_counted(caplog: pytest.LogC
     assert len(lengths) - 1 not in {i for b in limited for i in b}
 
 
-def test_fewer_batches_than_ranks_is_an_error_in_training() -> None:
-    with pytest.raises(ValueError, match="only 1 batches .* for 2 ranks"):
-        list(sampler([100] * 10, rank=0, world_size=2))
+def test_fewer_batches_than_ranks_are_split_and_fewer_utterances_is_an_error() -> None:
+    halves = [list(sampler([100] * 10, rank=r, world_size=2)) for r in (0, 1)]
+    assert [len(h) for h in halves] == [1, 1]
+    assert sorted(i for h in halves for b in h for i in b) == list(range(10))
+    with pytest.raises(ValueError, match="3 utterances for 4 ranks"):
+        list(sampler([100] * 3, rank=0, world_size=4))
     with pytest.raises(ValueError, match="outside world size"):
         sampler([100] * 10, rank=2, world_size=2)
 
