@@ -38,6 +38,8 @@ feats_type=fbank        # fbank: train on stage-1 features; raw: funasr decodes 
 train_engine=deepspeed  # deepspeed (ZeRO, --ds-config) or ddp (torch DistributedDataParallel)
 ds_config=ds_configs/ds_stage1_bf16.json  # DeepSpeed JSON: ZeRO stage 1/2/3 in bf16, or stage 1 in fp16
 pretrained_dir=         # local copy of the config's pretrained_model (empty: ModelScope cache or download)
+decode_dir=             # extra Kaldi data dir(s) to decode and score in stage 3 (repeat the option for several)
+decode_batch_size=32    # utterances per decoding batch at most (stage 3)
 strict=false            # true: stop at the first bad utterance instead of rejecting it
 allow_pipes=false       # true: accept Kaldi pipe entries ("cmd |") in wav.scp
 max_duration=60         # utterances longer than this many seconds are rejected
@@ -74,8 +76,11 @@ while [ $# -gt 0 ]; do
   esac
   var=${name#--}; var=${var//-/_}
   grep -qx "${var}" <<< "${option_names}" || usage_error "unknown option ${name}"
+  # --decode-dir may be repeated: the dirs accumulate (as a newline-separated list: paths may hold spaces).
+  if [ "${var}" = decode_dir ] && [ -n "${decode_dir}" ]; then value=${decode_dir}$'\n'${value}; fi
   printf -v "${var}" '%s' "${value}"
-  case ${var} in stage|stop_stage) ;; *) replay_args+=("--${var//_/-}" "${value}") ;; esac
+  case ${var} in stage|stop_stage) ;; decode_dir) replay_args+=(--decode-dir "${value##*$'\n'}") ;;
+    *) replay_args+=("--${var//_/-}" "${value}") ;; esac
 done
 
 # A relative --corpus-dir means relative to where run.sh was started; everything else is relative to
@@ -166,6 +171,26 @@ wait_for_nodes() {  # dir fingerprint: every node checks in under the shared dir
     sleep 2; waited=$((waited + 2))
   done
 }
+run_node_procs() {  # n log_prefix command...: n processes of this node, RANK = node_rank * n + i
+  local n=$1 prefix=$2 i rank failed=0 pids=()
+  shift 2
+  for ((i = 0; i < n; i++)); do
+    rank=$((node_rank * n + i))
+    # The first process of the node also shows its progress on the terminal.
+    if [ "${i}" -eq 0 ]; then RANK=${rank} LOCAL_RANK=${i} "$@" > >(tee "${prefix}.${rank}.log" >&2) 2>&1 &
+    else RANK=${rank} LOCAL_RANK=${i} "$@" > "${prefix}.${rank}.log" 2>&1 & fi
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "${pid}" || failed=1; done
+  if [ ${failed} -ne 0 ]; then
+    grep -h ERROR "${prefix}".*.log >&2 || true
+    log "ERROR: a process failed; see ${prefix}.*.log"; return 1
+  fi
+}
+resolve_pretrained() {  # prints the local dir of the config's pretrained model (empty: none)
+  python -m local.resolve_model --config "${config}" ${pretrained_dir:+--pretrained-dir "${pretrained_dir}"} \
+    -- "${hydra_overrides[@]}" || { log "ERROR: no pretrained model for ${config} (see above)"; return 1; }
+}
 not_implemented() { log "ERROR: stage $1 is not implemented yet (issue $2); run with --stop-stage $(($1 - 1))"; exit 1; }
 
 log "$0 ${run_args[*]}"
@@ -224,23 +249,10 @@ if [ "${stage}" -le 1 ] && [ "${stop_stage}" -ge 1 ]; then
   else
     # Every process of every node computes its own slice of the shards; then node 0 merges.
     mkdir -p "${dump_dir}/log"
-    world=$((nnodes * nj)); pids=()
+    world=$((nnodes * nj))
     log "computing fbank with ${nj} processes on this node (${world} in all); logs in ${dump_dir}/log/fbank.<rank>.log"
-    fbank_worker() { RANK=$1 python -m local.compute_fbank work "${fbank_opts[@]}" --rank "$1" \
-      --world-size "${world}" -- "${hydra_overrides[@]}"; }
-    for ((i = 0; i < nj; i++)); do
-      rank=$((node_rank * nj + i)); worker_log=${dump_dir}/log/fbank.${rank}.log
-      # The first process of the node also shows its progress on the terminal.
-      if [ "${i}" -eq 0 ]; then fbank_worker "${rank}" > >(tee "${worker_log}" >&2) 2>&1 &
-      else fbank_worker "${rank}" > "${worker_log}" 2>&1 & fi
-      pids+=($!)
-    done
-    failed=0
-    for pid in "${pids[@]}"; do wait "${pid}" || failed=1; done
-    if [ ${failed} -ne 0 ]; then
-      grep -h ERROR "${dump_dir}"/log/fbank.*.log >&2 || true
-      log "ERROR: a feature process failed; see ${dump_dir}/log/fbank.*.log"; exit 1
-    fi
+    run_node_procs "${nj}" "${dump_dir}/log/fbank" python -m local.compute_fbank work "${fbank_opts[@]}" \
+      --world-size "${world}" -- "${hydra_overrides[@]}" || exit 1
     if [ "${node_rank}" -eq 0 ]; then
       python -m local.compute_fbank merge "${fbank_opts[@]}" --world-size "${world}" --wait-timeout "${wait_timeout}" \
         --tokenizer-dir "${dump_dir}/tokenizer/${tag}" -- "${hydra_overrides[@]}" 2>&1 | tee "${dump_dir}/log/merge.log" >&2
@@ -261,8 +273,7 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
     --valid-set "$(python -m local.corpus_info --data-dir "${data_dir}" valid_set)"
     --feats-type "${feats_type}" --train-engine "${train_engine}" --ds-config "${ds_config}" --device "${device}")
   # Each node resolves the pretrained model itself (a hub download lands in the node's own cache).
-  pretrained=$(python -m local.resolve_model --config "${config}" ${pretrained_dir:+--pretrained-dir "${pretrained_dir}"} \
-    -- "${hydra_overrides[@]}") || { log "ERROR: no pretrained model for ${config} (see above)"; exit 1; }
+  pretrained=$(resolve_pretrained) || exit 1
   [ -n "${pretrained}" ] && { train_opts+=(--pretrained-dir "${pretrained}"); log "fine-tuning ${pretrained}"; }
   stage2_fp=$(fingerprint "$(head -n1 "${dump_dir}/.done")" "${train_opts[@]}" "$(sha256sum < "${config}")" \
     "$(sha256sum < "${ds_config}")" "${nnodes}" "${nproc_per_node}" "${hydra_overrides[@]}")
@@ -299,8 +310,72 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
 fi
 
 if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
-  log "Stage 3: averaging, decoding, scoring: ${exp_dir}/ -> ${exp_dir}/RESULTS.md"
-  not_implemented 3 "#5"
+  log "Stage 3: averaging, decoding, scoring: ${exp_dir}/ -> ${exp_dir}/{final/,decode_<set>/,RESULTS.md}"
+  write_replay 3
+  [ -f "${exp_dir}/.train.done" ] || { log "ERROR: ${exp_dir}/.train.done is missing: run stage 2 first"; exit 1; }
+  mkdir -p "${exp_dir}/log"
+  stage3_fp=$(fingerprint "$(head -n1 "${exp_dir}/.train.done")")
+  if [ "${node_rank}" -ne 0 ]; then
+    wait_for_node0 "${exp_dir}/final/.done" "${stage3_fp}" "averaging"
+  elif is_done "${exp_dir}/final/.done" "${stage3_fp}"; then
+    log "${exp_dir}/final is averaged; skipping"
+  else
+    python -m local.average --exp-dir "${exp_dir}" --final-dir "${exp_dir}/final" 2>&1 | tee "${exp_dir}/log/average.log" >&2
+    mark_done "${exp_dir}/final/.done" "${stage3_fp}"
+  fi
+  # The recipe's test sets, then every --decode-dir, validated like a stage-0 set into data/extra_<name>.
+  test_sets=$(python -m local.corpus_info --data-dir "${data_dir}" test_sets)
+  while IFS= read -r dir; do
+    [ -n "${dir}" ] || continue
+    [[ ${dir} = /* ]] || dir=$(cd "${start_dir}" && realpath -m "${dir}")
+    set=extra_$(basename "${dir}"); test_sets+=" ${set}"
+    set_fp=$(fingerprint "${dir}" "$(cat "${dir}"/{wav.scp,text,utt2lang,utt2emo,utt2event} 2>/dev/null | sha256sum)")
+    if [ "${node_rank}" -ne 0 ]; then wait_for_node0 "${data_dir}/${set}/.done" "${set_fp}" "validating ${dir}"; continue; fi
+    is_done "${data_dir}/${set}/.done" "${set_fp}" && continue
+    [ -f "${dir}/wav.scp" ] && [ -f "${dir}/text" ] || { log "ERROR: --decode-dir ${dir} needs wav.scp and text"; exit 1; }
+    log "validating ${dir} into ${data_dir}/${set}: log in ${data_dir}/log/prepare_${set}.log"
+    rm -rf "${data_dir:?}/${set}"; mkdir -p "${data_dir}/${set}"
+    for f in wav.scp text utt2spk spk2utt utt2lang utt2emo utt2event; do
+      [ -f "${dir}/${f}" ] && cp "${dir}/${f}" "${data_dir}/${set}/"
+    done
+    declared=()
+    for field in language emotion event itn; do
+      declared+=("--${field}" "$(python -m local.corpus_info --data-dir "${data_dir}" "${field}")")
+    done
+    python -m local.prepare_data --set-dir "${data_dir}/${set}" "${declared[@]}" --nj "${nj}" --strict "${strict}" \
+      --allow-pipes "${allow_pipes}" --max-duration "${max_duration}" 2>&1 | tee "${data_dir}/log/prepare_${set}.log" >&2
+    mark_done "${data_dir}/${set}/.done" "${set_fp}"
+  done <<< "${decode_dir}"
+  # The averaged model, and the pretrained one it was fine-tuned from, so that RESULTS shows both.
+  models=("final:${exp_dir}/final")
+  pretrained=$(resolve_pretrained) || exit 1
+  [ -n "${pretrained}" ] && models+=("pretrained:${pretrained}")
+  world=$((nnodes * nproc_per_node))
+  for entry in "${models[@]}"; do
+    kind=${entry%%:*}; model=${entry#*:}
+    name="${tag} $(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["recipe"]["checkpoint"][9:])' \
+      "${exp_dir}/final/configuration.json")"
+    [ "${kind}" = pretrained ] && name="pretrained $(basename "${model}")"
+    for set in ${test_sets}; do
+      out=${exp_dir}/decode_${set}; [ "${kind}" = pretrained ] && out+=_pretrained
+      decode_fp=$(fingerprint "${stage3_fp}" "${model}" "$(sha256sum < "${data_dir}/${set}/data.jsonl")" "${world}")
+      if is_done "${out}/.done" "${decode_fp}"; then log "${out} is scored; skipping"; continue; fi
+      mkdir -p "${out}/log"
+      log "decoding ${data_dir}/${set} with ${name}: ${world} processes; logs in ${out}/log/decode.<rank>.log"
+      run_node_procs "${nproc_per_node}" "${out}/log/decode" python -m local.decode work --model-dir "${model}" \
+        --data-jsonl "${data_dir}/${set}/data.jsonl" --out "${out}" --world-size "${world}" --device "${device}" \
+        --batch-size "${decode_batch_size}" || exit 1
+      [ "${node_rank}" -eq 0 ] || continue  # node 0 merges and scores
+      python -m local.decode merge --data-jsonl "${data_dir}/${set}/data.jsonl" --out "${out}" --world-size "${world}" \
+        --model-name "${name}" --set-name "${set}" --wait-timeout "${wait_timeout}" 2>&1 | tee "${out}/log/merge.log" >&2
+      python -m local.score --dir "${out}" 2>&1 | tee "${out}/log/score.log" >&2
+      mark_done "${out}/.done" "${decode_fp}"
+    done
+  done
+  if [ "${node_rank}" -eq 0 ]; then
+    python -m local.results_md --exp-dir "${exp_dir}" --out "${exp_dir}/RESULTS.md"
+    log "${exp_dir}/RESULTS.md:"; cat "${exp_dir}/RESULTS.md" >&2
+  fi
 fi
 
 if [ "${stage}" -le 4 ] && [ "${stop_stage}" -ge 4 ]; then

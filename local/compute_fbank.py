@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import sys
 import time
 from collections import Counter, defaultdict
@@ -280,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speed-perturb", default="1.0",
                         help="factors for the training set, e.g. '0.9 1.0 1.1'")
     parser.add_argument("--shard-size", type=int, default=1000, help="jobs per shard (unit of resumption)")
-    parser.add_argument("--rank", type=int, default=0, help="global rank of this process (work)")
+    parser.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)),
+                        help="global rank of this process (work; default: $RANK)")
     parser.add_argument("--world-size", type=int, default=1, help="processes over all nodes")
     parser.add_argument("--strict", type=str2bool, default=False, help="stop at the first bad utterance")
     parser.add_argument("--wait-timeout", type=float, default=7200, help="merge: seconds to wait for shards")

@@ -44,8 +44,8 @@ def fp32_state_dict(exp_dir: Path, checkpoint: str) -> dict[str, torch.Tensor]:
     return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
-def make_model_dir(exp_dir: Path, checkpoint: str, out: Path) -> Path:
-    """Write ``out`` from ``exp_dir``; returns it."""
+def make_model_dir(exp_dir: Path, checkpoint: str, out: Path, info: dict | None = None) -> Path:
+    """Write ``out`` from ``exp_dir``; returns it. ``info`` goes into configuration.json's "recipe"."""
     cfg = OmegaConf.load(exp_dir / "config.yaml")
     out.mkdir(parents=True, exist_ok=True)
     torch.save(fp32_state_dict(exp_dir, checkpoint), out / "model.pt")
@@ -69,7 +69,7 @@ def make_model_dir(exp_dir: Path, checkpoint: str, out: Path) -> Path:
     configuration = {"framework": "pytorch", "task": "auto-speech-recognition",
                      "model": {"type": "funasr"}, "pipeline": {"type": "funasr-pipeline"},
                      "model_name_in_hub": {"ms": "", "hf": ""}, "file_path_metas": metas,
-                     "recipe": {"exp_dir": str(exp_dir.resolve()), "checkpoint": checkpoint}}
+                     "recipe": {"exp_dir": str(exp_dir.resolve()), "checkpoint": checkpoint, **(info or {})}}
     (out / "configuration.json").write_text(json.dumps(configuration, indent=2) + "\n", encoding="utf-8")
     return out
 

@@ -1,0 +1,74 @@
+"""local/average.py on state-dict checkpoints (the ddp engine's format), built here with known weights.
+
+DeepSpeed checkpoints (fp32 masters vs bf16 module copies) are tested on a real training run in
+tests/test_decode_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from local.average import average, main, select_best, validation_losses
+
+Weights = dict[str, dict[str, torch.Tensor]]
+
+
+def write_run(exp: Path, losses: dict[str, float], kept_by: str = "loss") -> Weights:
+    """An exp dir as funasr's trainer leaves it with the ddp engine; returns each checkpoint's weights."""
+    exp.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    weights = {}
+    for name in losses:
+        state = {"w": torch.randn(3, 4, generator=gen), "b": torch.randn(4, generator=gen),
+                 "bn.num_batches_tracked": torch.tensor(len(weights) + 7)}
+        torch.save({"state_dict": state, "epoch": len(weights) + 1}, exp / name)
+        weights[name] = state
+    torch.save({"state_dict": weights[name], "saved_ckpts": losses, "avg_keep_nbest_models_type": kept_by},
+               exp / "model.pt")
+    config = {"model": "Toy", "train_conf": {"avg_nbest_model": 2}}
+    OmegaConf.save(OmegaConf.create(config), exp / "config.yaml")
+    return weights
+
+
+def test_the_lowest_losses_are_averaged_element_wise(tmp_path: Path) -> None:
+    losses = {"model.pt.ep1": 9.0, "model.pt.ep2": 3.0, "model.pt.ep3": 5.0, "model.pt.ep4": 4.0}
+    weights = write_run(tmp_path, losses)
+    out = average(tmp_path, 3, tmp_path / "final")
+    assert out.name == "model.pt.avg3"
+    got = torch.load(out)
+    picked = ["model.pt.ep2", "model.pt.ep4", "model.pt.ep3"]
+    for key in ("w", "b"):
+        expected = sum(weights[n][key].double() for n in picked) / 3
+        assert torch.allclose(got[key].double(), expected, atol=1e-7), key
+        assert got[key].dtype == torch.float32
+        # Not the mean of all four: the worst epoch is left out.
+        assert not torch.allclose(got[key].double(), sum(w[key].double() for w in weights.values()) / 4)
+    assert got["bn.num_batches_tracked"] == weights["model.pt.ep2"]["bn.num_batches_tracked"]  # the best's
+    card = json.loads((tmp_path / "final" / "configuration.json").read_text())
+    assert card["recipe"]["averaged"] == {n: losses[n] for n in picked}
+    assert torch.equal(torch.load(tmp_path / "final" / "model.pt")["w"], got["w"])
+
+
+def test_selection_skips_deleted_checkpoints_and_asks_for_loss(tmp_path: Path) -> None:
+    losses = {"model.pt.ep1": 1.0, "model.pt.ep2": 2.0, "model.pt.ep3": 3.0}
+    write_run(tmp_path, losses)
+    (tmp_path / "model.pt.ep1").unlink()  # funasr's keep_nbest_models removed it
+    assert select_best(validation_losses(tmp_path), 2, tmp_path) == ["model.pt.ep2", "model.pt.ep3"]
+    write_run(tmp_path / "acc", {"model.pt.ep1": 0.9}, kept_by="acc")
+    with pytest.raises(ValueError, match="avg_keep_nbest_models_type=loss"):
+        validation_losses(tmp_path / "acc")
+
+
+def test_cli_reads_the_count_from_the_config_and_fails_clearly_without_a_run(tmp_path: Path) -> None:
+    write_run(tmp_path / "run", {"model.pt.ep1": 2.0, "model.pt.ep2": 1.0, "model.pt.ep3": 3.0})
+    assert main(["--exp-dir", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "model.pt.avg2").is_file()
+    assert (tmp_path / "run" / "final" / "model.pt").is_file()
+    (tmp_path / "empty").mkdir()
+    OmegaConf.save(OmegaConf.create({"train_conf": {}}), tmp_path / "empty" / "config.yaml")
+    assert main(["--exp-dir", str(tmp_path / "empty")]) == 1

@@ -1,0 +1,80 @@
+"""local/decode.py without a model: tag parsing, the split over ranks, batching, and the merge."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from local.decode import batches, deal, main, split_tags
+
+
+def test_sensevoice_tags_are_parsed_into_columns_and_stripped() -> None:
+    tags, text = split_tags("<|en|><|NEUTRAL|><|Speech|><|woitn|>seven eight")
+    assert tags == {"language": "en", "emotion": "NEUTRAL", "event": "Speech", "itn": "woitn"}
+    assert text == "seven eight"
+    tags, text = split_tags("<|zh|><|HAPPY|><|BGM|><|withitn|>你好<|Laughter|>")
+    assert tags["language"] == "zh" and tags["event"] == "BGM" and text == "你好"
+    assert split_tags("no tags here") == ({}, "no tags here")
+    assert split_tags("<|weird|>x")[0] == {"other": "weird"}
+
+
+def items(lengths: list[int]) -> list[tuple[int, dict]]:
+    return [(i + 1, {"key": f"u{i:03d}", "source_len": n}) for i, n in enumerate(lengths)]
+
+
+def test_every_utterance_goes_to_exactly_one_rank_with_balanced_work() -> None:
+    its = items([(37 * i) % 500 + 10 for i in range(101)])
+    shares = [deal(its, r, 3) for r in range(3)]
+    keys = [obj["key"] for share in shares for _, obj in share]
+    assert sorted(keys) == sorted(obj["key"] for _, obj in its)
+    work = [sum(obj["source_len"] for _, obj in share) for share in shares]
+    assert max(work) - min(work) <= 500  # round robin over the sorted list: at most one longest apart
+
+
+def test_batches_respect_both_limits_and_keep_every_utterance() -> None:
+    its = deal(items([(53 * i) % 900 + 20 for i in range(200)]), 0, 1)
+    out = batches(its, max_utts=16, max_frames=4000)
+    assert [it for b in out for it in b] == its
+    for b in out:
+        longest = max(obj["source_len"] for _, obj in b)
+        assert len(b) <= 16 and (len(b) == 1 or longest * len(b) <= 4000)
+
+
+def write_shard(out: Path, rank: int, lines: list[dict], seconds: float) -> None:
+    shards = out / "shards"
+    shards.mkdir(parents=True, exist_ok=True)
+    (shards / f"{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (shards / f"{rank}.stats.json").write_text(json.dumps({"audio_seconds": seconds, "decode_seconds": 1.0,
+                                                            "device": "cpu"}))
+    (shards / f"{rank}.done").write_text("x\n")
+
+
+def test_merge_writes_the_score_inputs_and_keeps_a_failed_utterance_out_of_hyp(tmp_path: Path) -> None:
+    data = tmp_path / "dev" / "data.jsonl"
+    data.parent.mkdir()
+    refs = [{"key": k, "source": f"/x/{k}.wav", "target": t, "text_language": "<|en|>",
+             "emo_target": "<|NEUTRAL|>", "event_target": "<|Speech|>"}
+            for k, t in (("a", "ONE"), ("b", "TWO"), ("c", "THREE"))]
+    data.write_text("".join(json.dumps(r) + "\n" for r in refs))
+    out = tmp_path / "decode_dev"
+    one = {"key": "a", "raw": "<|en|>one", "text": "one", "language": "en", "seconds": 1.0}
+    write_shard(out, 0, [one], 1.0)
+    write_shard(out, 1, [{"key": "c", "line": 3, "error": "unreadable_audio", "detail": "/x/c.wav: bad"},
+                         {"key": "b", "raw": "<|en|>", "text": "", "language": "en", "seconds": 2.0}], 2.0)
+    assert main(["merge", "--data-jsonl", str(data), "--out", str(out), "--world-size", "2",
+                 "--model-name", "m"]) == 0
+    assert (out / "ref.txt").read_text() == "a ONE\nb TWO\nc THREE\n"
+    assert (out / "hyp.txt").read_text() == "a one\nb\n"  # c failed: missing, so scored as deletions
+    assert (out / "ref_tags.tsv").read_text().splitlines()[1] == "a\ten\tNEUTRAL\tSpeech"
+    failed = (out / "failed.tsv").read_text().splitlines()
+    assert failed[1].split("\t")[:4] == [str(data), "3", "c", "unreadable_audio"]
+    summary = json.loads((out / "decode.json").read_text())
+    assert summary["utterances"] == 3 and summary["failed"] == 1 and summary["rtf"] == round(2 / 3, 5)
+
+
+def test_merge_refuses_when_a_shard_lost_utterances(tmp_path: Path) -> None:
+    data = tmp_path / "dev" / "data.jsonl"
+    data.parent.mkdir()
+    data.write_text("".join(json.dumps({"key": k, "target": "X"}) + "\n" for k in "ab"))
+    write_shard(tmp_path / "d", 0, [{"key": "a", "text": "one", "seconds": 1.0}], 1.0)
+    assert main(["merge", "--data-jsonl", str(data), "--out", str(tmp_path / "d")]) == 1

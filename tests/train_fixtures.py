@@ -1,0 +1,64 @@
+"""Session fixtures for the end-to-end tests: stages 0-1 on a digit subset, and stage 2 runs on it.
+
+``prepared``: a 400-utterance subset of the bundled digits (4 training speakers, held-out dev speaker)
+through stages 0-1; ``trained``: 4 epochs of tiny_sensevoice from scratch with DeepSpeed ZeRO-1 bf16 on
+2 CPU ranks into ``prepared/exp_ds``; ``finetuned``: one epoch of conf/sensevoice_small.yaml from
+``trained``'s model dir, as a user fine-tunes iic/SenseVoiceSmall, into ``prepared/exp_ft``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from local.plot_training import parse_log
+from tests.test_run_sh import run_sh
+from tests.train_data import make_digit_subset
+
+# Enough updates for the loss to move in a few epochs of 400 utterances.
+FAST = ["++scheduler_conf.warmup_steps=10", "++train_conf.log_interval=2", "++dataset_conf.batch_size=3000"]
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("train")
+    make_digit_subset(root / "kaldi")
+    res = run_sh("--stop-stage", "1", "--corpus", "kaldi", "--corpus-dir", str(root / "kaldi"),
+                 *dirs(root, "prep"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return root
+
+
+def dirs(root: Path, exp: str) -> list[str]:
+    return ["--data-dir", str(root / "data"), "--dump-dir", str(root / "dump"), "--exp-dir", str(root / exp)]
+
+
+def train_stage2(prepared: Path, exp: str, epochs: int, *options: str) -> str:
+    """Stage 2 alone into prepared/<exp> with run.sh ``options``; asserts success, returns train.log."""
+    res = run_sh("--stage", "2", "--stop-stage", "2", *options, *dirs(prepared, exp), "--",
+                 f"++train_conf.max_epoch={epochs}", *FAST, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return (prepared / exp / "train.log").read_text()
+
+
+def val_losses(log: Path) -> list[float]:
+    return parse_log(log).val_loss
+
+
+@pytest.fixture(scope="session")
+def trained(prepared: Path) -> Path:
+    """4 epochs from scratch: DeepSpeed ZeRO-1 bf16, 2 CPU ranks."""
+    train_stage2(prepared, "exp_ds", 4)
+    return prepared / "exp_ds"
+
+
+@pytest.fixture(scope="session")
+def finetuned(prepared: Path, trained: Path) -> Path:
+    """One epoch of conf/sensevoice_small.yaml from the tiny model's hub-format dir."""
+    res = run_sh("--stage", "1", "--stop-stage", "2", "--config", "conf/sensevoice_small.yaml",
+                 "--pretrained-dir", str(trained / "model_dir"), *dirs(prepared, "exp_ft"), "--",
+                 "++train_conf.max_epoch=1", "++dataset_conf.num_workers=1", timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    (prepared / "exp_ft" / "stage2.stderr").write_text(res.stderr)
+    return prepared / "exp_ft"
