@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 N_BUNDLED = 2500  # recordings in corpora/free-spoken-digit-dataset
 OPTIONS = ("--stage", "--stop-stage", "--config", "--corpus", "--corpus-dir", "--data-dir", "--dump-dir",
            "--exp-dir", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--nproc-per-node",
-           "--nj", "--strict", "--allow-pipes", "--max-duration", "--prep-opts", "--wait-timeout")
+           "--nj", "--strict", "--allow-pipes", "--max-duration", "--prep-opts", "--wait-timeout",
+           "--decode-dir", "--decode-batch-size")
 # Node options must come from the flags in these tests, not from the CI machine's environment.
 CLEAN_ENV = {k: v for k, v in os.environ.items()
              if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("SLURM_")}

@@ -1,0 +1,87 @@
+"""local.results_md: RESULTS.md from the result.json files of an experiment's decode dirs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from local.results_md import main, write_results_md
+
+
+def counts(rate: float | None, n_ref: int, sub: int, dele: int, ins: int) -> dict:
+    return {"rate": rate, "n_ref": n_ref, "sub": sub, "del": dele, "ins": ins, "cor": n_ref - sub - dele}
+
+
+def result(model: str, set_name: str, primary: dict, per_language: dict, tags: bool, **extra) -> dict:
+    acc = {k: {"accuracy": a, "correct": 0, "total": 1} for k, a in
+           (("language", 0.95), ("emotion", 0.5), ("event", None))}
+    return {"set": set_name, "model": model, "utterances": 40, "cer": counts(0.1234, 500, 30, 20, 12),
+            "wer": counts(0.2, 100, 10, 6, 4), "primary": primary, "per_language": per_language,
+            "tag_accuracy": acc if tags else {}, "missing_hyp": [], "empty_hyp": [], "extra_hyp": [],
+            "rtf": 0.0456, "audio_seconds": 100.0, "decode_seconds": 4.56, "processes": 2,
+            "device": "cpu", **extra}
+
+
+def write(exp: Path, dirname: str, res: dict) -> None:
+    (exp / dirname).mkdir(parents=True)
+    (exp / dirname / "result.json").write_text(json.dumps(res), encoding="utf-8")
+
+
+@pytest.fixture
+def exp(tmp_path: Path) -> Path:
+    exp = tmp_path / "exp" / "sv_ft"
+    two_langs = {"en": {"utterances": 20, "unit": "word", **counts(0.25, 100, 15, 5, 5)},
+                 "zh": {"utterances": 20, "unit": "char+mixed", **counts(0.05, 400, 10, 6, 4)}}
+    # "a_finetuned" sorts before "pretrained" by name: only the pretrained-first rule puts it second.
+    write(exp, "decode_dev", result("a_finetuned", "dev", counts(0.08, 500, 20, 10, 10), two_langs, True))
+    write(exp, "decode_dev_pretrained", result("iic/SenseVoiceSmall", "dev", counts(0.3, 500, 90, 30, 30),
+                                               two_langs, True, missing_hyp=["k1", "k2"]))
+    one_lang = {"en": {"utterances": 40, "unit": "word", **counts(1 / 3, 300, 50, 30, 20)}}
+    write(exp, "decode_test", result("a_finetuned", "test", counts(1 / 3, 300, 50, 30, 20), one_lang, False,
+                                     rtf=None))
+    (exp / "decode_broken").mkdir()  # a decode dir without result.json (not scored yet): skipped
+    return exp
+
+
+def table_rows(text: str) -> list[list[str]]:
+    section = text.split("## Error rates")[1].split("\n\n")[1]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()[2:]]
+
+
+def test_rows_sorted_by_set_with_pretrained_first(exp: Path) -> None:
+    out = write_results_md(exp, exp / "RESULTS.md")
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("# RESULTS: sv_ft\n")
+    assert "- config tag: sv_ft" in text and "torch " in text and "funasr " in text
+    assert table_rows(text) == [
+        ["iic/SenseVoiceSmall", "dev", "40", "12.34", "20.00", "30.00", "90/30/30", "95.00", "50.00", "-",
+         "0.0456"],
+        ["a_finetuned", "dev", "40", "12.34", "20.00", "8.00", "20/10/10", "95.00", "50.00", "-", "0.0456"],
+        ["a_finetuned", "test", "40", "12.34", "20.00", "33.33", "50/30/20", "-", "-", "-", "-"],
+    ]
+    assert "- decode_dev_pretrained: 2 missing and 0 empty hypotheses" in text
+
+
+def test_per_language_table_only_for_sets_with_several_languages(exp: Path) -> None:
+    text = write_results_md(exp, exp / "RESULTS.md").read_text(encoding="utf-8")
+    assert "### dev: per language" in text and "### test: per language" not in text
+    section = text.split("### dev: per language")[1].strip().splitlines()[2:]
+    assert section == ["| en | iic/SenseVoiceSmall | 20 | word | 25.00 | 15/5/5 |",
+                       "| en | a_finetuned | 20 | word | 25.00 | 15/5/5 |",
+                       "| zh | iic/SenseVoiceSmall | 20 | char+mixed | 5.00 | 10/6/4 |",
+                       "| zh | a_finetuned | 20 | char+mixed | 5.00 | 10/6/4 |"]
+
+
+def test_main_default_output_and_errors(exp: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["--exp-dir", str(exp)]) == 0
+    assert (exp / "RESULTS.md").is_file()
+    empty = tmp_path / "exp" / "nothing"
+    empty.mkdir()
+    assert main(["--exp-dir", str(empty)]) == 1
+    assert "run local/score.py first" in capsys.readouterr().err
+    (exp / "decode_dev" / "result.json").write_text('{"set": "dev",\n "model": ')
+    assert main(["--exp-dir", str(exp), "--out", str(tmp_path / "R.md")]) == 1
+    assert f"{exp / 'decode_dev' / 'result.json'}:2: not valid JSON" in capsys.readouterr().err
+    assert not (tmp_path / "R.md").exists()
