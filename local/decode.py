@@ -23,7 +23,6 @@ the scorer counts it as deletions and lists it.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -37,7 +36,7 @@ import torch
 
 from local.audio import AudioError, load_audio
 from local.bad_input import REJECTED_HEADER, Rejection
-from local.dist_slice import marker_matches, wait_for_shards
+from local.dist_slice import files_fingerprint, marker_matches, wait_for_shards
 from local.log_utils import Progress, setup_logging
 from local.sensevoice_tags import EMOTIONS, EVENTS, ITN, LANGUAGES
 
@@ -92,16 +91,6 @@ def batches(items: list[tuple[int, dict]], max_utts: int, max_frames: int) -> li
     return out
 
 
-def fingerprint(model_dir: Path, data_jsonl: Path, world_size: int) -> str:
-    """What a finished shard was made from: the weights, the set and the split."""
-    h = hashlib.sha256()
-    for path in (model_dir / "model.pt", model_dir / "config.yaml", data_jsonl):
-        st = path.stat()
-        h.update(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    h.update(f"world={world_size}".encode())
-    return h.hexdigest()[:16]
-
-
 def load_model(model_dir: Path, device: str) -> Any:
     """funasr's AutoModel on a local model dir (no hub), with the recipe's model classes registered."""
     from funasr import AutoModel
@@ -126,7 +115,10 @@ def wave_for(model: Any, source: str) -> torch.Tensor:
 def work(args: argparse.Namespace) -> None:
     out = args.out / "shards"
     out.mkdir(parents=True, exist_ok=True)
-    done, fp = out / f"{args.rank}.done", fingerprint(args.model_dir, args.data_jsonl, args.world_size)
+    done = out / f"{args.rank}.done"
+    # What a finished shard was made from: the weights, the set and the split.
+    fp = files_fingerprint([args.model_dir / "model.pt", args.model_dir / "config.yaml", args.data_jsonl],
+                           args.world_size)
     if marker_matches(done, fp):
         log.info("%s: rank %d is done; skipping", args.out, args.rank)
         return
