@@ -98,8 +98,15 @@ def load_model(model_dir: Path, device: str) -> Any:
     import local.models  # noqa: F401  (registers ConformerCTC)
 
     # ncpu: AutoModel otherwise sets 4 torch threads, whatever the launcher chose (see local/train.py).
-    return AutoModel(model=str(model_dir), device=device, disable_update=True, disable_pbar=True,
-                     disable_log=True, ncpu=torch.get_num_threads())
+    model = AutoModel(model=str(model_dir), device=device, disable_update=True, disable_pbar=True,
+                      disable_log=True, ncpu=torch.get_num_threads())
+    frontend = model.kwargs.get("frontend")
+    if getattr(frontend, "dither", 0.0):
+        # A model dir without dither: 0.0 (a hub model's) would add random noise to every input: scores
+        # would change from run to run, and stage 1's features, which training saw, have none.
+        log.info("decoding with the frontend's dither %s set to 0", frontend.dither)
+        frontend.dither = 0.0
+    return model
 
 
 def wave_for(model: Any, source: str) -> torch.Tensor:
