@@ -379,8 +379,16 @@ if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
 fi
 
 if [ "${stage}" -le 4 ] && [ "${stop_stage}" -ge 4 ]; then
-  log "Stage 4: ONNX export: ${exp_dir}/ -> ${exp_dir}/export/"
-  not_implemented 4 "#6"
+  log "Stage 4: ONNX export fp32/int8 and parity: ${exp_dir}/final/ -> ${exp_dir}/export/; log in ${exp_dir}/log/export.log"
+  write_replay 4
+  [ -f "${exp_dir}/final/.done" ] || { log "ERROR: ${exp_dir}/final/.done is missing: run stage 3 first"; exit 1; }
+  if [ "${node_rank}" -eq 0 ]; then
+    # Parity is checked on the validation set: the stage fails (exit 1) when ONNX and PyTorch disagree.
+    mkdir -p "${exp_dir}/log"
+    python -m local.export --model-dir "${exp_dir}/final" --out "${exp_dir}/export" --threads "${ncpu}" \
+      --data-jsonl "${data_dir}/$(python -m local.corpus_info --data-dir "${data_dir}" valid_set)/data.jsonl" \
+      2>&1 | tee "${exp_dir}/log/export.log" >&2
+  fi
 fi
 
 if [ "${stage}" -le 5 ] && [ "${stop_stage}" -ge 5 ]; then

@@ -63,7 +63,7 @@ def test_ddp_engine(prepared: Path) -> None:
 def test_two_nodes_on_one_machine(prepared: Path) -> None:
     """Two run.sh processes as nodes 0 and 1 (one rank each) meet at 127.0.0.1 and train together."""
     common = ["--stage", "2", "--stop-stage", "2", "--nnodes", "2", "--nproc-per-node", "1",
-              "--master-addr", "127.0.0.1", "--master-port", "29561", *dirs(prepared, "exp_2n"), "--",
+              "--master-addr", "127.0.0.1", *dirs(prepared, "exp_2n"), "--",
               "++train_conf.max_epoch=2", *FAST]
     node1 = subprocess.Popen(["./run.sh", *common[:6], "--node-rank", "1", *common[6:]], cwd=ROOT,
                              env=CLEAN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

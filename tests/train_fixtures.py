@@ -8,6 +8,7 @@ through stages 0-1; ``trained``: 4 epochs of tiny_sensevoice from scratch with D
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,20 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def free_port() -> int:
+    """A port nothing listens on now: a training run elsewhere on the machine may hold run.sh's 29500."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+PORT = str(free_port())
+
+
 def dirs(root: Path, exp: str) -> list[str]:
-    return ["--data-dir", str(root / "data"), "--dump-dir", str(root / "dump"), "--exp-dir", str(root / exp)]
+    """run.sh's folders under ``root`` (and a free rendezvous port)."""
+    return ["--data-dir", str(root / "data"), "--dump-dir", str(root / "dump"), "--exp-dir", str(root / exp),
+            "--master-port", PORT]
 
 
 def train_stage2(prepared: Path, exp: str, epochs: int, *options: str) -> str:
