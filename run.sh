@@ -396,4 +396,20 @@ if [ "${stage}" -le 5 ] && [ "${stop_stage}" -ge 5 ]; then
   not_implemented 5 "#6"
 fi
 
+if [ "${node_rank}" -eq 0 ] && [ "${stop_stage}" -ge 3 ]; then
+  for f in RESULTS.md curves.png export/parity.json package.tar.gz benchmark.md; do
+    if [ -e "${exp_dir}/${f}" ]; then log "  ${exp_dir}/${f}"; fi
+  done
+  valid_set=$(python -m local.corpus_info --data-dir "${data_dir}" valid_set)
+  result=${exp_dir}/decode_${valid_set}/result.json
+  if [ -f "${result}" ]; then
+    log "$(python - "${result}" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"{r['model']} on {r['set']} ({r['utterances']} utterances): WER {100 * r['wer']['rate']:.2f}%, "
+      f"CER {100 * r['cer']['rate']:.2f}%")
+EOF
+)"
+  fi
+fi
 log "Successfully finished stages ${stage}-${stop_stage} in ${SECONDS}s"

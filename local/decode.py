@@ -131,6 +131,7 @@ def work(args: argparse.Namespace) -> None:
         return
     mine = deal(read_jsonl(args.data_jsonl), args.rank, args.world_size)
     model = load_model(args.model_dir, args.device)
+    emits_tags = type(model.model).__name__ == "SenseVoiceSmall"
     progress = Progress(f"decode {args.data_jsonl.parent.name} rank {args.rank}", len(mine), logger=log)
     audio_s = decode_s = 0.0
     with open(out / f"{args.rank}.jsonl", "w", encoding="utf-8") as f:
@@ -153,6 +154,8 @@ def work(args: argparse.Namespace) -> None:
                 fs = int(getattr(model.kwargs.get("frontend"), "fs", 16000))
                 for key, wave, res in zip(keys, waves, results, strict=True):
                     tags, text = split_tags(res.get("text", ""))
+                    if emits_tags:  # a tag SenseVoice did not emit is "none": scored as wrong, not skipped
+                        tags = {kind: tags.get(kind, "none") for kind in _KINDS} | tags
                     audio_s += len(wave) / fs
                     f.write(json.dumps({"key": key, "raw": res.get("text", ""), "text": text, **tags,
                                         "seconds": len(wave) / fs}, ensure_ascii=False) + "\n")
