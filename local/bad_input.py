@@ -8,6 +8,8 @@ entries in = accepted + rejected at every stage, and ``--strict true`` turns the
 from __future__ import annotations
 
 import argparse
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 REJECTED_HEADER = "file\tline\tkey\treason\tdetail\n"
@@ -50,3 +52,13 @@ def str2bool(value: str) -> bool:
     if value.lower() in ("false", "0", "no"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def run_stage(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """``run(args)``'s exit code; bad input (a missing file, a wrong value, an unsupported model)
+    is logged as one line and gives 2, without a traceback."""
+    try:
+        return run(args)
+    except (FileNotFoundError, ValueError, NotImplementedError) as e:
+        logging.getLogger(run.__module__).error("%s", e)
+        return 2

@@ -115,3 +115,20 @@ def write_am_mvn(path: Path, mean: np.ndarray, std: np.ndarray) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def read_am_mvn(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(shift, scale) float32 of an ``am.mvn``, as funasr's ``load_cmvn`` parses it: the features the
+    model saw are ``(lfr + shift) * scale``, in float32 like funasr's frontend."""
+    shift = scale = None
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for line, following in zip(lines, lines[1:], strict=False):
+        head, values = line.split()[:1], following.split()
+        if head and values[:1] == ["<LearnRateCoef>"]:
+            if head[0] == "<AddShift>":
+                shift = np.array(values[3:-1], dtype=np.float32)
+            elif head[0] == "<Rescale>":
+                scale = np.array(values[3:-1], dtype=np.float32)
+    if shift is None or scale is None or shift.shape != scale.shape:
+        raise ValueError(f"{path}: not an am.mvn with <AddShift> and <Rescale> of one dimension")
+    return shift, scale

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from local.bad_input import run_stage
 from local.dist_slice import files_fingerprint, marker_matches
 from local.log_utils import setup_logging
 from local.onnx_parity import MAX_INT8_WER_DELTA, MIN_IDENTICAL, check_parity, family_of, read_utterances
@@ -257,11 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--threads must be at least 1")
     torch.set_num_threads(args.threads)
     log.info("Stage 4: ONNX export and parity: %s + %s -> %s", args.model_dir, args.data_jsonl, args.out)
-    try:
-        return run(args)
-    except (FileNotFoundError, ValueError, NotImplementedError) as e:
-        log.error("%s", e)
-        return 2
+    return run_stage(run, args)
 
 
 if __name__ == "__main__":

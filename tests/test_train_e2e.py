@@ -60,22 +60,6 @@ def test_ddp_engine(prepared: Path) -> None:
     assert len(val_losses(prepared / "exp_ddp" / "train.log")) == 2
 
 
-def test_two_nodes_on_one_machine(prepared: Path) -> None:
-    """Two run.sh processes as nodes 0 and 1 (one rank each) meet at 127.0.0.1 and train together."""
-    common = ["--stage", "2", "--stop-stage", "2", "--nnodes", "2", "--nproc-per-node", "1",
-              "--master-addr", "127.0.0.1", *dirs(prepared, "exp_2n"), "--",
-              "++train_conf.max_epoch=2", *FAST]
-    node1 = subprocess.Popen(["./run.sh", *common[:6], "--node-rank", "1", *common[6:]], cwd=ROOT,
-                             env=CLEAN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    node0 = run_sh(*common[:6], "--node-rank", "0", *common[6:], timeout=900)
-    _, err1 = node1.communicate(timeout=900)
-    assert node0.returncode == 0, node0.stderr[-4000:]
-    assert node1.returncode == 0, err1[-4000:]
-    exp = prepared / "exp_2n"
-    assert "[node1 rank1]" in (exp / "train.node1.log").read_text()
-    assert "[node0 rank0]" in (exp / "train.log").read_text() and (exp / "model.pt.ep2").exists()
-
-
 def test_missing_node_is_named(prepared: Path) -> None:
     res = run_sh("--stage", "2", "--stop-stage", "2", "--nnodes", "3", "--node-rank", "0",
                  "--wait-timeout", "2", *dirs(prepared, "exp_missing"))

@@ -1,9 +1,10 @@
 """Session fixtures for the end-to-end tests: stages 0-1 on a digit subset, and stage 2 runs on it.
 
 ``prepared``: a 400-utterance subset of the bundled digits (4 training speakers, held-out dev speaker)
-through stages 0-1; ``trained``: 4 epochs of tiny_sensevoice from scratch with DeepSpeed ZeRO-1 bf16 on
-2 CPU ranks into ``prepared/exp_ds``; ``finetuned``: one epoch of conf/sensevoice_small.yaml from
-``trained``'s model dir, as a user fine-tunes iic/SenseVoiceSmall, into ``prepared/exp_ft``.
+through stages 0-1; ``trained``: stages 2-5 on it into ``prepared/exp_ds`` (4 epochs of tiny_sensevoice
+from scratch with DeepSpeed ZeRO-1 bf16 on 2 CPU ranks); ``finetuned``: one epoch of
+conf/sensevoice_small.yaml from ``trained``'s model dir, as a user fine-tunes iic/SenseVoiceSmall, into
+``prepared/exp_ft``.
 """
 
 from __future__ import annotations
@@ -61,9 +62,15 @@ def val_losses(log: Path) -> list[float]:
 
 @pytest.fixture(scope="session")
 def trained(prepared: Path) -> Path:
-    """4 epochs from scratch: DeepSpeed ZeRO-1 bf16, 2 CPU ranks."""
-    train_stage2(prepared, "exp_ds", 4)
-    return prepared / "exp_ds"
+    """Stages 2-5 in one run.sh: 4 epochs from scratch (DeepSpeed ZeRO-1 bf16, 2 CPU ranks), then
+    averaging, decoding and scoring, ONNX export with parity, package and benchmark. run.sh's stderr
+    is kept as ``run.stderr``."""
+    exp = prepared / "exp_ds"
+    res = run_sh("--stage", "2", "--stop-stage", "5", *dirs(prepared, "exp_ds"), "--",
+                 "++train_conf.max_epoch=4", *FAST, timeout=1500)
+    assert res.returncode == 0, res.stderr[-4000:]
+    (exp / "run.stderr").write_text(res.stderr)
+    return exp
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,60 @@
+"""Benchmark the runtimes of an exported model on CPU (and CUDA where present): stage 5's benchmark
+(local/bench_runtime.py) run outside the stage, so that the stage's own benchmark.{md,json} stay as
+they are.
+
+Reads <exp-dir>/export/ and <exp-dir>/final/ (stages 3-4: ./run.sh --stop-stage 4 --config
+conf/tiny_sensevoice.yaml writes both for the demo) and a test set's data.jsonl; prints the table
+(PyTorch eager through funasr's AutoModel.generate, funasr-onnx fp32/int8, the recipe's ONNX runtime
+fp32/int8; p50/p95 latency per batch, utterances/s and RTF at batch 1, 8 and 32, end to end from
+audio file to text) and the two target ratios, all measured in this one run; --out-json keeps the
+report.
+
+  python -m bench.bench_runtime [--exp-dir exp/tiny_sensevoice] [--data-jsonl data/dev/data.jsonl] \\
+      [--max-utts 200] [--repeats 2] [--threads N] [--out-json exp/bench_runtime.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    from local.bench_runtime import main as bench_main
+    from local.onnx_asr import available_cores
+
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--exp-dir", type=Path, default=ROOT / "exp" / "tiny_sensevoice")
+    parser.add_argument("--data-jsonl", type=Path, default=ROOT / "data" / "dev" / "data.jsonl")
+    parser.add_argument("--max-utts", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=available_cores())
+    parser.add_argument("--batch-sizes", default="1,8,32")
+    parser.add_argument("--out-json", type=Path)
+    args = parser.parse_args()
+    needed = (args.exp_dir / "export" / "model.onnx", args.exp_dir / "final" / "model.pt", args.data_jsonl)
+    for path in needed:
+        if not path.is_file():
+            sys.exit(f"{path} not found: run ./run.sh --stop-stage 4 (stages 0-4) for this model first")
+    with tempfile.TemporaryDirectory(prefix="bench_runtime.") as tmp:
+        exp = Path(tmp) / args.exp_dir.name  # the report's tag is the exp dir's name
+        exp.mkdir()
+        (exp / "export").symlink_to((args.exp_dir / "export").resolve())
+        rc = bench_main(["--exp-dir", str(exp), "--model-dir", str(args.exp_dir / "final"),
+                         "--data-jsonl", str(args.data_jsonl), "--max-utts", str(args.max_utts),
+                         "--repeats", str(args.repeats), "--threads", str(args.threads),
+                         "--batch-sizes", args.batch_sizes])
+        if args.out_json and (exp / "benchmark.json").is_file():
+            args.out_json.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(exp / "benchmark.json", args.out_json)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

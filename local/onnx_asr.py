@@ -1,0 +1,243 @@
+"""The recipe's lean ONNX runtime: audio file -> text with an export dir of any family (SenseVoiceSmall,
+Paraformer, ConformerCTC), computing the features exactly as the PyTorch model's frontend does.
+
+Reads an export dir written by local/export.py (or the onnx/ dir of a stage-5 package): config.yaml
+(frontend_conf, model_conf, tokenizer_conf), am.mvn, the sentencepiece model (or tokens.json),
+export.json (the family), and model.onnx or model_quant.onnx.
+
+The steps are funasr's WavFrontend + the model's ``inference`` rule, without torch modules or funasr:
+audio read with soundfile and resampled with torchaudio's sinc kernel (local/audio.py and
+local/fbank.py: what AutoModel does, so transcripts match it; funasr-onnx resamples with soxr), Kaldi
+fbank (local/fbank.py, identical to torchaudio's within 2e-6, about 2x faster), LFR stacking and
+CMVN (local/cmvn.py), one onnxruntime session with a thread per core this process may use, then
+greedy CTC (SenseVoiceSmall with language "auto" and no ITN, as stage 3 decodes; ConformerCTC) or the
+argmax of each of Paraformer's predicted tokens, and sentencepiece detokenisation. SenseVoice's tags
+(``<|en|><|NEUTRAL|><|Speech|><|woitn|>``) are kept in the text, as AutoModel returns them;
+``strip_tags`` in local/onnx_parity.py removes them.
+
+  from local.onnx_asr import OnnxASR
+  asr = OnnxASR("exp/tiny_sensevoice/export", quantize=True, batch_size=8)
+  asr(["a.wav", "b.wav"])  # -> ["<|en|><|NEUTRAL|><|Speech|><|woitn|>seven", ...]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+import yaml
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
+
+from local.audio import load_audio
+from local.cmvn import lfr, read_am_mvn
+from local.fbank import FbankExtractor
+from local.model_config import FbankConf
+
+log = logging.getLogger(__name__)
+FAMILIES = ("SenseVoiceSmall", "Paraformer", "ConformerCTC")
+# SenseVoiceSmall's prompt ids (funasr's class and funasr-onnx hard-code them alike).
+SENSEVOICE_LID = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 12, "nospeech": 13}
+SENSEVOICE_TEXTNORM = {"withitn": 14, "woitn": 15}
+# onnxruntime's errors on an input too short for the model (conv subsampling, no predicted token).
+NO_OUTPUT = (InvalidArgument, Fail, RuntimeException)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (taskset and cpusets count; os.cpu_count() sees every core)."""
+    return len(os.sched_getaffinity(0))
+
+
+def make_session(path: Path, threads: int, device: str = "cpu") -> ort.InferenceSession:
+    """An onnxruntime session: ``threads`` intra-op threads (onnxruntime's default is one per core it
+    sees, funasr-onnx's is 4 whatever the machine: both oversubscribe a process given fewer cores)."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 4  # errors reach the caller as exceptions; no second copy on stderr
+    providers = ["CPUExecutionProvider"]
+    if device.startswith("cuda"):
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError("device cuda: this onnxruntime has no CUDAExecutionProvider "
+                               "(install onnxruntime-gpu of the same version)")
+        index = device.partition(":")[2] or "0"
+        providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+    return ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` for the block, then restored."""
+    before = torch.get_num_threads()
+    if before != n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if before != n:
+            torch.set_num_threads(before)
+
+
+def collapse_ctc(best: np.ndarray, blank_id: int = 0) -> list[int]:
+    """Greedy CTC of one utterance's best token per frame: repeats collapsed, blanks dropped."""
+    if best.size == 0:
+        return []
+    keep = np.concatenate(([True], best[1:] != best[:-1])) & (best != blank_id)
+    return best[keep].tolist()
+
+
+def export_family(export_dir: Path, config: dict | None = None) -> str:
+    """The family of an export dir: export.json's, else config.yaml's ``model``."""
+    meta = export_dir / "export.json"
+    if meta.is_file():
+        family = json.loads(meta.read_text(encoding="utf-8")).get("family")
+    else:
+        config = config or yaml.safe_load((export_dir / "config.yaml").read_text(encoding="utf-8"))
+        family = config.get("model")
+    if family not in FAMILIES:
+        raise NotImplementedError(f"{export_dir}: model {family!r}; the runtime knows {', '.join(FAMILIES)}")
+    return family
+
+
+class _Detokenizer:
+    """Token ids -> text as the PyTorch model's tokenizer does it: sentencepiece, or a token list."""
+
+    def __init__(self, export_dir: Path, config: dict) -> None:
+        bpemodel = (config.get("tokenizer_conf") or {}).get("bpemodel")
+        self.sp = None
+        if bpemodel:
+            import sentencepiece as spm
+
+            self.sp = spm.SentencePieceProcessor(model_file=str(export_dir / Path(bpemodel).name))
+        else:
+            self.tokens = json.loads((export_dir / "tokens.json").read_text(encoding="utf-8"))
+
+    def __call__(self, ids: list[int]) -> str:
+        if self.sp is not None:
+            return self.sp.decode(ids)
+        # A character token list (the hub's Chinese Paraformer): funasr's word joining.
+        from funasr_onnx.utils.postprocess_utils import sentence_postprocess
+
+        return sentence_postprocess([self.tokens[i] for i in ids])[0]
+
+
+class OnnxASR:
+    """Transcribe audio with an exported model: paths (any rate, any channels) or arrays at the model's
+    rate in, texts out, ``batch_size`` utterances per onnxruntime call (zero-padded)."""
+
+    def __init__(self, export_dir: str | Path, quantize: bool = False, threads: int | None = None,
+                 batch_size: int = 1, device: str = "cpu", language: str = "auto",
+                 textnorm: str = "woitn") -> None:
+        self.dir = Path(export_dir)
+        config = yaml.safe_load((self.dir / "config.yaml").read_text(encoding="utf-8"))
+        self.family = export_family(self.dir, config)
+        front = config.get("frontend_conf") or {}
+        defaults = FbankConf()
+        self.fbank_conf = FbankConf(**{k: type(getattr(defaults, k))(v) for k, v in front.items()
+                                       if k in defaults.__dataclass_fields__})
+        self.fs = self.fbank_conf.fs
+        self.extractor = FbankExtractor(self.fbank_conf)
+        self.shift, self.scale = read_am_mvn(self.dir / "am.mvn")
+        self.detokenize = _Detokenizer(self.dir, config)
+        model_conf = config.get("model_conf") or {}
+        self.blank_id = int(model_conf.get("blank_id", 0))
+        # Paraformer's decoder scores <s>, </s> and blank too; its inference drops them.
+        self.drop = {int(model_conf.get("sos", 1)), int(model_conf.get("eos", 2)), self.blank_id}
+        self.prompt = (SENSEVOICE_LID[language], SENSEVOICE_TEXTNORM[textnorm])
+        self.model_file = self.dir / ("model_quant.onnx" if quantize else "model.onnx")
+        self.session = make_session(self.model_file, threads or available_cores(), device)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.batch_size = batch_size
+
+    def _wave(self, item: str | np.ndarray) -> tuple[np.ndarray, int]:
+        return (item, self.fs) if isinstance(item, np.ndarray) else load_audio(item)
+
+    def features(self, items: Sequence[str | np.ndarray]) -> list[np.ndarray]:
+        """(frames, dim) float32 model input of each path (raises local.audio.AudioError) or array."""
+        waves = [self._wave(x) for x in items]
+        if len(waves) == 1:  # the batched fbank's bookkeeping costs more than it saves on one clip
+            fbanks = [self.extractor.from_wave(*waves[0])]
+        else:
+            fbanks = self.extractor.from_waves(waves)
+        out = []
+        for fbank in fbanks:
+            feats = lfr(fbank, self.fbank_conf.lfr_m, self.fbank_conf.lfr_n) + self.shift
+            feats *= self.scale
+            out.append(feats)
+        return out
+
+    def infer(self, feats: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """(scores (B, T', V), valid lengths (B,)) of a list of feature matrices, zero-padded."""
+        lengths = np.array([f.shape[0] for f in feats], dtype=np.int32)
+        batch = np.zeros((len(feats), int(lengths.max()), feats[0].shape[1]), dtype=np.float32)
+        for i, f in enumerate(feats):
+            batch[i, : f.shape[0]] = f
+        inputs = {"speech": batch, "speech_lengths": lengths}
+        if self.family == "SenseVoiceSmall":
+            inputs["language"] = np.full(len(feats), self.prompt[0], dtype=np.int32)
+            inputs["textnorm"] = np.full(len(feats), self.prompt[1], dtype=np.int32)
+        scores, out_lens = self.session.run(None, {k: inputs[k] for k in self.input_names})[:2]
+        return scores, out_lens
+
+    def decode(self, scores: np.ndarray, n: int) -> str:
+        """The text of one utterance's first ``n`` rows of scores, by the model's inference rule."""
+        return self._text(scores[:n].argmax(axis=-1))
+
+    def _text(self, best: np.ndarray) -> str:
+        """Text of one utterance's best token per output frame."""
+        if self.family == "Paraformer":
+            return self.detokenize([i for i in best.tolist() if i not in self.drop])
+        return self.detokenize(collapse_ctc(best, self.blank_id))
+
+    def _batch(self, feats: list[np.ndarray]) -> list[str]:
+        try:
+            scores, out_lens = self.infer(feats)
+        except NO_OUTPUT:
+            if len(feats) == 1:  # too short for the model: no transcript, as funasr gives none
+                return [""]
+            return [t for f in feats for t in self._batch([f])]
+        best = scores.argmax(axis=-1)  # one pass over the batch's (B, T', V) scores
+        return [self._text(b[:n]) for b, n in zip(best, out_lens.tolist(), strict=True)]
+
+    def __call__(self, items: str | np.ndarray | Sequence[str | np.ndarray]) -> list[str]:
+        if isinstance(items, (str, np.ndarray)):
+            items = [items]
+        texts: list[str] = []
+        # The frontend's torch ops on one clip are too small to share: on 2 busy cores, 2 torch threads made
+        # the features 10x slower than 1 (threads waiting on each other), and onnxruntime has the cores.
+        with torch_threads(1):
+            for start in range(0, len(items), self.batch_size):
+                texts += self._batch(self.features(items[start:start + self.batch_size]))
+        return texts
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m local.onnx_asr <export-dir> a.wav b.wav ...``: one ``path<TAB>text`` line per file."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_dir", type=Path, help="export dir (local/export.py) or a package's onnx/")
+    parser.add_argument("audio", nargs="+", help="audio files (any rate and channel count soundfile reads)")
+    parser.add_argument("--int8", action="store_true", help="model_quant.onnx instead of model.onnx")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=available_cores(), help="default: the cores available")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:i] (onnxruntime-gpu)")
+    args = parser.parse_args(argv)
+    asr = OnnxASR(args.model_dir, quantize=args.int8, threads=args.threads, batch_size=args.batch_size,
+                  device=args.device)
+    for path, text in zip(args.audio, asr(args.audio), strict=True):
+        print(f"{path}\t{text}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
