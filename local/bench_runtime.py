@@ -73,9 +73,11 @@ def pytorch_runner(model_dir: Path, device: str, threads: int) -> Runner:
     def run(paths: list[str], keys: list[str], batch: int) -> list[str]:
         results = model.generate(input=paths, key=keys, batch_size=batch, language="auto", use_itn=False,
                                  disable_pbar=True)
-        # Paraformer returns one keyless {"text": ""} for a batch in which it predicts no token at all.
-        texts = {r.get("key"): r.get("text", "") for r in results}
-        return [texts.get(k, "") for k in keys]
+        # In input order: given paths, funasr keys its results by file name, not by our keys. Paraformer
+        # returns one keyless {"text": ""} for a batch in which it predicts no token at all.
+        if len(results) != len(paths):
+            return [""] * len(paths)
+        return [r.get("text", "") for r in results]
     return run
 
 
