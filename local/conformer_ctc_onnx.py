@@ -19,31 +19,12 @@ from pathlib import Path
 
 import librosa
 import numpy as np
-import onnxruntime as ort
 import sentencepiece as spm
 import yaml
 from funasr_onnx.utils.frontend import WavFrontend
 
 from local.audio import load_audio
-
-
-def session(path: Path, threads: int) -> ort.InferenceSession:
-    """A CPU session with ``threads`` intra-op threads (onnxruntime's default is one per core it sees,
-    funasr-onnx's is 4 whatever the machine: both oversubscribe a process given fewer cores)."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 4  # errors reach the caller as exceptions; no second copy on stderr
-    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-
-
-def greedy_ctc(log_probs: np.ndarray, blank_id: int = 0) -> list[int]:
-    """Best path of one utterance's (frames, vocab) scores: argmax, repeats collapsed, blanks dropped."""
-    best = log_probs.argmax(axis=-1)
-    if best.size == 0:
-        return []
-    keep = np.concatenate(([True], best[1:] != best[:-1])) & (best != blank_id)
-    return best[keep].tolist()
+from local.ort_utils import greedy_ctc, make_session
 
 
 class ConformerCTCOnnx:
@@ -60,7 +41,7 @@ class ConformerCTCOnnx:
         self.sp = spm.SentencePieceProcessor(model_file=str(model_dir / config["tokenizer_conf"]["bpemodel"]))
         self.blank_id = int((config.get("model_conf") or {}).get("blank_id", 0))
         threads = intra_op_num_threads or len(os.sched_getaffinity(0))
-        self.session = session(model_dir / ("model_quant.onnx" if quantize else "model.onnx"), threads)
+        self.session = make_session(model_dir / ("model_quant.onnx" if quantize else "model.onnx"), threads)
         self.batch_size = batch_size
 
     def load(self, item: str | np.ndarray) -> np.ndarray:

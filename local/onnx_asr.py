@@ -30,7 +30,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import torch
 import yaml
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
@@ -39,6 +38,7 @@ from local.audio import load_audio
 from local.cmvn import lfr, read_am_mvn
 from local.fbank import FbankExtractor
 from local.model_config import FbankConf
+from local.ort_utils import collapse_ctc, make_session
 
 log = logging.getLogger(__name__)
 FAMILIES = ("SenseVoiceSmall", "Paraformer", "ConformerCTC")
@@ -54,23 +54,6 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def make_session(path: Path, threads: int, device: str = "cpu") -> ort.InferenceSession:
-    """An onnxruntime session: ``threads`` intra-op threads (onnxruntime's default is one per core it
-    sees, funasr-onnx's is 4 whatever the machine: both oversubscribe a process given fewer cores)."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 4  # errors reach the caller as exceptions; no second copy on stderr
-    providers = ["CPUExecutionProvider"]
-    if device.startswith("cuda"):
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise RuntimeError("device cuda: this onnxruntime has no CUDAExecutionProvider "
-                               "(install onnxruntime-gpu of the same version)")
-        index = device.partition(":")[2] or "0"
-        providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
-    return ort.InferenceSession(str(path), sess_options=opts, providers=providers)
-
-
 @contextlib.contextmanager
 def torch_threads(n: int) -> Iterator[None]:
     """torch's intra-op threads set to ``n`` for the block, then restored."""
@@ -82,14 +65,6 @@ def torch_threads(n: int) -> Iterator[None]:
     finally:
         if before != n:
             torch.set_num_threads(before)
-
-
-def collapse_ctc(best: np.ndarray, blank_id: int = 0) -> list[int]:
-    """Greedy CTC of one utterance's best token per frame: repeats collapsed, blanks dropped."""
-    if best.size == 0:
-        return []
-    keep = np.concatenate(([True], best[1:] != best[:-1])) & (best != blank_id)
-    return best[keep].tolist()
 
 
 def export_family(export_dir: Path, config: dict | None = None) -> str:

@@ -37,10 +37,10 @@ from funasr.models.transformer.utils.subsampling import TooShortUttError
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
 
 from local.audio import AudioError, load_audio
-from local.conformer_ctc_onnx import greedy_ctc, session
 from local.error_rate import corpus_error_rate
 from local.fbank import resample
 from local.log_utils import Progress
+from local.ort_utils import greedy_ctc, make_session
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class OnnxSide:
     """An exported model in onnxruntime, decoded with the rule of the PyTorch model's ``inference``."""
 
     def __init__(self, path: Path, torch_side: TorchSide, threads: int) -> None:
-        self.session = session(path, threads)
+        self.session = make_session(path, threads)
         self.family = torch_side.family
         self.tokenizer = torch_side.tokenizer
         model = torch_side.model

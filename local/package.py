@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
 # local/onnx_asr.py and what it imports: the package runs without the recipe checked out.
 RUNTIME_MODULES = ("__init__.py", "onnx_asr.py", "audio.py", "fbank.py", "cmvn.py", "model_config.py",
-                   "conformer_ctc_onnx.py")
+                   "conformer_ctc_onnx.py", "ort_utils.py")
 RUNTIME_PACKAGES = ("numpy", "soundfile", "torch", "torchaudio", "onnxruntime", "sentencepiece", "PyYAML",
                     "omegaconf", "librosa", "funasr_onnx")  # the last two for conformer_ctc_onnx.py only
 MIN_SECONDS = 0.1  # shortest speech in the TensorRT profile

@@ -27,13 +27,13 @@ from onnx import numpy_helper
 
 from local.audio import load_audio
 from local.cmvn import CmvnStats, write_am_mvn
-from local.conformer_ctc_onnx import greedy_ctc
 from local.export import legacy_onnx_exporter, load_model, load_runtime, main, runtime_text
 from local.fbank import FbankExtractor
 from local.make_model_dir import make_model_dir
 from local.make_tokenizer import build_tokenizer, model_file_name
 from local.model_config import fbank_conf
 from local.onnx_parity import check_parity, read_utterances, strip_tags
+from local.ort_utils import greedy_ctc
 from tests.make_bad_kaldi_dir import DEFAULT_WAV_DIR
 from tests.test_configs import TINY
 

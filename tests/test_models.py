@@ -130,7 +130,7 @@ def test_inference_on_fbank_and_waveforms(bpemodel: Path) -> None:
     assert all(isinstance(r["text"], str) and r["text"] == tokenizer.decode(r["token_int"]) for r in results)
 
     conf = config()["frontend_conf"]
-    frontend = WavFrontend(**conf, dither=0.0)
+    frontend = WavFrontend(**{**conf, "dither": 0.0})
     waves = [np.random.default_rng(i).standard_normal(n).astype(np.float32) * 0.1
              for i, n in enumerate((16000, 7000))]
     results, meta = model.inference(waves, key=["w1", "w2"], tokenizer=tokenizer, frontend=frontend,

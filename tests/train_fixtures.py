@@ -42,9 +42,9 @@ def free_port() -> int:
 PORT = str(free_port())
 
 
-def dirs(root: Path, exp: str) -> list[str]:
+def dirs(root: Path, exp: str, dump: str = "dump") -> list[str]:
     """run.sh's folders under ``root`` (and a free rendezvous port)."""
-    return ["--data-dir", str(root / "data"), "--dump-dir", str(root / "dump"), "--exp-dir", str(root / exp),
+    return ["--data-dir", str(root / "data"), "--dump-dir", str(root / dump), "--exp-dir", str(root / exp),
             "--master-port", PORT]
 
 
@@ -76,8 +76,10 @@ def trained(prepared: Path) -> Path:
 @pytest.fixture(scope="session")
 def finetuned(prepared: Path, trained: Path) -> Path:
     """One epoch of conf/sensevoice_small.yaml from the tiny model's hub-format dir."""
+    # Its own dump dir: stage 1 with another config would redo the shared one (a new fingerprint), and
+    # with it every later stage 2 of the from-scratch runs.
     res = run_sh("--stage", "1", "--stop-stage", "2", "--config", "conf/sensevoice_small.yaml",
-                 "--pretrained-dir", str(trained / "model_dir"), *dirs(prepared, "exp_ft"), "--",
+                 "--pretrained-dir", str(trained / "model_dir"), *dirs(prepared, "exp_ft", "dump_ft"), "--",
                  "++train_conf.max_epoch=1", "++dataset_conf.num_workers=1", timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
     (prepared / "exp_ft" / "stage2.stderr").write_text(res.stderr)

@@ -1,0 +1,41 @@
+"""onnxruntime pieces both ONNX runtimes share (local/onnx_asr.py and local/conformer_ctc_onnx.py).
+
+Needs neither torch nor funasr, so that the funasr-onnx stand-in for Conformer-CTC stays torch-free.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+
+def make_session(path: Path, threads: int, device: str = "cpu") -> ort.InferenceSession:
+    """An onnxruntime session: ``threads`` intra-op threads (onnxruntime's default is one per core it
+    sees, funasr-onnx's is 4 whatever the machine: both oversubscribe a process given fewer cores)."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 4  # errors reach the caller as exceptions; no second copy on stderr
+    providers: list = ["CPUExecutionProvider"]
+    if device.startswith("cuda"):
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError("device cuda: this onnxruntime has no CUDAExecutionProvider "
+                               "(install onnxruntime-gpu of the same version)")
+        index = device.partition(":")[2] or "0"
+        providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+    return ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+
+
+def collapse_ctc(best: np.ndarray, blank_id: int = 0) -> list[int]:
+    """Greedy CTC of one utterance's best token per frame: repeats collapsed, blanks dropped."""
+    if best.size == 0:
+        return []
+    keep = np.concatenate(([True], best[1:] != best[:-1])) & (best != blank_id)
+    return best[keep].tolist()
+
+
+def greedy_ctc(log_probs: np.ndarray, blank_id: int = 0) -> list[int]:
+    """Best path of one utterance's (frames, vocab) scores: argmax, repeats collapsed, blanks dropped."""
+    return collapse_ctc(log_probs.argmax(axis=-1), blank_id)
