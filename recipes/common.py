@@ -165,15 +165,17 @@ def read_kaldi_dir(src: Path, root: Path) -> list[Utt]:
     return utts
 
 
-def split_by_speakers(utts: list[Utt], dev_speakers: Iterable[str]) -> tuple[list[Utt], list[Utt]]:
-    """Split utterances into (train, dev): dev holds every utterance of ``dev_speakers``.
+def split_by_speakers(utts: list[Utt], dev_speakers: Iterable[str],
+                      role: str = "dev") -> tuple[list[Utt], list[Utt]]:
+    """Split utterances into (rest, held out): held out holds every utterance of ``dev_speakers``.
 
-    Raises CorpusLayoutError when a dev speaker does not occur or when no training speaker is left.
+    Raises CorpusLayoutError when a held-out speaker does not occur (the message calls them ``role``
+    speakers) or when no training speaker is left.
     """
     dev_speakers = set(dev_speakers)
     speakers = {u.speaker for u in utts}
     if unknown := sorted(dev_speakers - speakers):
-        raise CorpusLayoutError(f"dev speakers {unknown} are not in the corpus; its speakers are "
+        raise CorpusLayoutError(f"{role} speakers {unknown} are not in the corpus; its speakers are "
                                 f"{sorted(speakers)[:20]}{' ...' if len(speakers) > 20 else ''}")
     if not speakers - dev_speakers:
         raise CorpusLayoutError(f"no training speaker is left after holding out {sorted(dev_speakers)}")

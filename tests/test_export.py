@@ -294,3 +294,25 @@ def test_too_short_clip_is_empty_on_every_side(exported: tuple[str, Path, Path, 
     assert report["identical_fraction"] == 1.0 and report["unreadable"] == []
     if family == "ConformerCTC":
         assert {e["side"] for e in report["no_output"]} == {"torch", "fp32", "int8"}
+
+
+def test_runtime_pipeline_keeps_order_and_short_clips(exported: tuple[str, Path, Path, int],
+                                                      tmp_path: Path) -> None:
+    """OnnxASR overlaps the batches (features of the next, texts of the last) in a worker thread: the
+    texts come back in input order and equal those of the same batches run one after another in this
+    thread, and a clip too short for the model does not cost its batch the others' texts. (Batch sizes
+    are not compared with each other: padding moves a random model's near-tied scores.)"""
+    from local.onnx_asr import OnnxASR
+
+    _, _, out, _ = exported
+    short = tmp_path / "short.wav"
+    sf.write(short, (np.random.default_rng(0).standard_normal(640) * 3000).astype(np.int16), 16000)
+    clips = [str(p) for p in sorted(DEFAULT_WAV_DIR.glob("*.wav"))[::300][:6]]
+    clips.insert(2, str(short))
+    asr = OnnxASR(out, threads=2)
+    for batch in (1, 2, 3, 7):
+        asr.batch_size = batch
+        in_turn = [t for i in range(0, len(clips), batch)
+                   for t in asr._batch(asr.features(clips[i:i + batch]))]
+        assert len(in_turn) == len(clips) and asr(clips) == in_turn, batch
+    assert asr([]) == []

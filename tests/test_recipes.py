@@ -92,6 +92,26 @@ def test_fsdd_small_tree_counts_non_matching(tmp_path: Path, caplog: pytest.LogC
         prepare_fsdd(tmp_path / "fsdd", tmp_path / "out", dev_speakers=["nobody"])
     with raises("no training speaker"):
         prepare_fsdd(tmp_path / "fsdd", tmp_path / "out", dev_speakers=["jackson", "lucas", "theo"])
+    with raises("test speakers ['nobody'] are not in the corpus"):
+        prepare_fsdd(tmp_path / "fsdd", tmp_path / "out", test_speakers=["nobody"])
+    with raises("both dev and test speakers"):
+        prepare_fsdd(tmp_path / "fsdd", tmp_path / "out", dev_speakers=["theo"], test_speakers=["theo"])
+
+
+def test_fsdd_test_speakers(tmp_path: Path) -> None:
+    """A test speaker is held out of training and of checkpoint choice, and decoded as a test set."""
+    info = prepare_fsdd(BUNDLED, tmp_path / "data", dev_speakers=["lucas"], test_speakers=["theo"])
+    assert set(check_set(tmp_path / "data/test", 500).values()) == {"theo"}
+    assert set(check_set(tmp_path / "data/dev", 500).values()) == {"lucas"}
+    assert set(check_set(tmp_path / "data/train", 1500).values()) == {"george", "jackson", "nicolas"}
+    assert (info.valid_set, info.test_sets, info.sets) == ("dev", ["dev", "test"], ["dev", "test", "train"])
+    # dev "none": a tenth of the four training speakers' recordings (indices 0, 10, .., 40 of each digit)
+    prepare_fsdd(BUNDLED, tmp_path / "loso", dev_speakers=["none"], test_speakers=["theo"])
+    dev = check_set(tmp_path / "loso/dev", 200)
+    assert sorted(set(dev.values())) == ["george", "jackson", "lucas", "nicolas"]
+    assert all(int(key.rsplit("_", 1)[1]) % 10 == 0 for key in dev)
+    assert set(check_set(tmp_path / "loso/train", 1800).values()) == set(dev.values())
+    assert set(check_set(tmp_path / "loso/test", 500).values()) == {"theo"}
 
 
 def test_recipe_cli_fails_clearly_on_wrong_dir(tmp_path: Path) -> None:

@@ -1,12 +1,14 @@
 """Stages 0-5 end to end through run.sh on CPU, on a 400-utterance digit subset (tests/train_fixtures.py).
 
-``prepared`` runs stages 0-1 and ``trained`` stages 2-5 (4 epochs, DeepSpeed ZeRO-1 bf16, 2 ranks);
-these tests check what they wrote, averaging against DeepSpeed's own fp32 masters, reruns, a user's
-Kaldi dir, two nodes on one machine for stages 0-3, and a fine-tune's before/after results.
+``prepared`` runs stages 0-1 and ``trained`` stages 2-5 (16 epochs, DeepSpeed ZeRO-1 bf16, 2 ranks);
+these tests check what they wrote, a loose error-rate bound, averaging against DeepSpeed's own fp32
+masters, reruns, a user's Kaldi dir, two nodes on one machine for stages 0-3, and a fine-tune's
+before/after results.
 
-A CI-sized run learns the SenseVoice tags but not yet the words (4 epochs of 400 utterances end at a
-validation loss near 3; the demo's 12 epochs of 6,000 reach 0.3 and 7.8% WER), so error rates are
-checked for consistency here, and the demo's figure is measured by ``./run.sh`` (README).
+A CI-sized run (400 training utterances) reaches 24% WER on its 50 dev utterances, measured; the bound
+is 50%, loose enough for another CPU's arithmetic and tight enough that a model which learned only the
+SenseVoice tags (every digit deleted: 100%) fails. The demo's figure (7.8% on 500 utterances of the
+unseen speaker) is measured by ``./run.sh`` (README).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 from tests.test_run_sh import CLEAN_ENV, ROOT, run_sh
 from tests.train_data import DEV_SPEAKER, WORDS
-from tests.train_fixtures import FAST, dirs
+from tests.train_fixtures import LEARN, dirs
 
 pytestmark = pytest.mark.slow
 
@@ -75,6 +77,7 @@ def test_stages_2_to_5_write_every_artifact(prepared: Path, trained: Path) -> No
     assert result["utterances"] == n_dev and not result["missing_hyp"]
     wer = result["wer"]
     assert wer["n_ref"] == n_dev and wer["sub"] + wer["del"] + wer["cor"] == n_dev  # every word scored
+    assert wer["rate"] <= 0.5, wer  # the words were learned, not only the tags (measured: 24%)
     assert set(result["tag_accuracy"]) == {"language", "emotion", "event"}
     refs = (exp / "decode_dev" / "ref.txt").read_text().splitlines()
     assert len(refs) == n_dev and all(line.split()[0].startswith(DEV_SPEAKER) for line in refs)
@@ -111,7 +114,7 @@ def test_two_nodes_run_stages_0_to_3_and_match_one_node(prepared: Path, trained:
     waits for node 0's stage 0, both compute features and train, decoding is split between them."""
     common = ["--stop-stage", "3", "--corpus", "kaldi", "--corpus-dir", str(prepared / "kaldi"),
               "--nnodes", "2", "--nproc-per-node", "1", "--nj", "1", "--master-addr", "127.0.0.1",
-              *dirs(tmp_path, "exp_ds"), "--", "++train_conf.max_epoch=4", *FAST]
+              *dirs(tmp_path, "exp_ds"), "--", *LEARN]
     node1 = subprocess.Popen(["./run.sh", "--node-rank", "1", *common], cwd=ROOT, env=CLEAN_ENV,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     res0 = run_sh("--node-rank", "0", *common, timeout=1500)
