@@ -23,7 +23,7 @@ import torch
 
 from tests.test_run_sh import CLEAN_ENV, ROOT, run_sh
 from tests.train_data import DEV_SPEAKER, WORDS
-from tests.train_fixtures import LEARN, dirs
+from tests.train_fixtures import FAST, LEARN, dirs
 
 pytestmark = pytest.mark.slow
 
@@ -143,3 +143,27 @@ def test_finetune_results_show_the_pretrained_model_too(prepared: Path, finetune
     assert before["model"].startswith("pretrained") and after["model"].startswith("sensevoice_small")
     results_md = (finetuned / "RESULTS.md").read_text()
     assert before["model"] in results_md and after["model"] in results_md
+
+
+def test_conformer_ctc_family_runs_stages_1_to_5(prepared: Path) -> None:
+    """The recipe's own family through run.sh: its stage-1 features (80-dim fbank, no LFR) and BPE
+    tokenizer, training, averaging by validation loss, CTC decoding, its own ONNX export with parity
+    (undertrained: the bound is the parity, not the error rate), package and benchmark."""
+    res = run_sh("--stage", "1", "--stop-stage", "5", "--config", "conf/tiny_conformer_ctc.yaml",
+                 *dirs(prepared, "exp_ctc", "dump_ctc"), "--", "++train_conf.max_epoch=3", *FAST,
+                 timeout=1500)
+    assert res.returncode == 0, res.stderr[-4000:]
+    exp = prepared / "exp_ctc"
+    assert list(exp.glob("model.pt.avg*"))
+    for name in ("final/model.pt", "decode_dev/result.json", "RESULTS.md", "curves.png",
+                 "export/model.onnx", "export/model_quant.onnx", "export/parity.json", "package.tar.gz",
+                 "benchmark.json"):
+        assert (exp / name).exists(), name
+    assert (prepared / "dump_ctc" / "tokenizer").is_dir()
+    result = json.loads((exp / "decode_dev" / "result.json").read_text())
+    assert result["utterances"] == len(WORDS) * 5 and not result["missing_hyp"]
+    assert "tag_accuracy" not in result or not result["tag_accuracy"]  # CTC emits no SenseVoice tags
+    parity = json.loads((exp / "export" / "parity.json").read_text())
+    assert parity["pass"] is True
+    assert json.loads((exp / "benchmark.json").read_text())["family"] == "ConformerCTC"
+    assert "| tiny_conformer_ctc avg" in (exp / "RESULTS.md").read_text()
