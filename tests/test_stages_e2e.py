@@ -115,10 +115,14 @@ def test_two_nodes_run_stages_0_to_3_and_match_one_node(prepared: Path, trained:
     common = ["--stop-stage", "3", "--corpus", "kaldi", "--corpus-dir", str(prepared / "kaldi"),
               "--nnodes", "2", "--nproc-per-node", "1", "--nj", "1", "--master-addr", "127.0.0.1",
               *dirs(tmp_path, "exp_ds"), "--", *LEARN]
-    node1 = subprocess.Popen(["./run.sh", "--node-rank", "1", *common], cwd=ROOT, env=CLEAN_ENV,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    res0 = run_sh("--node-rank", "0", *common, timeout=1500)
-    _, err1 = node1.communicate(timeout=1500)
+    # Node 1's output goes to a file, not a pipe: nobody reads a pipe until node 0 is done, and once
+    # node 1 has written 64 KiB into it, it blocks, and so does the training of both nodes.
+    with open(tmp_path / "node1.out", "w") as out:
+        node1 = subprocess.Popen(["./run.sh", "--node-rank", "1", *common], cwd=ROOT, env=CLEAN_ENV,
+                                 stdout=out, stderr=subprocess.STDOUT, text=True)
+        res0 = run_sh("--node-rank", "0", *common, timeout=1500)
+        node1.wait(timeout=1500)
+    err1 = (tmp_path / "node1.out").read_text()
     assert res0.returncode == 0, res0.stderr[-3000:]
     assert node1.returncode == 0, err1[-3000:]
     assert "waiting for node 0 to finish stage 0" in err1 or "is done; skipping" in err1
