@@ -25,13 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from local.log_utils import setup_logging
+from recipes.common import split_list
 from recipes.fsdd.prepare import BUNDLED, NAME
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,11 @@ def pooled(rows: list[dict], unit: str) -> float:
     return errors / max(1, sum(r[unit]["n_ref"] for r in rows))
 
 
+def mean(rows: list[dict], unit: str) -> float:
+    """The mean of the folds' error rates (each fold weighs the same)."""
+    return sum(r[unit]["rate"] for r in rows) / len(rows)
+
+
 def table(rows: list[dict], config: str) -> str:
     """The markdown table of every fold, their mean and the pooled rate."""
     lines = [f"Leave-one-speaker-out, {config} (test speaker unseen in training and checkpoint choice)", "",
@@ -78,10 +83,8 @@ def table(rows: list[dict], config: str) -> str:
                      f"{100 * r['wer']['rate']:.2f} | {r['missing_or_empty']} | "
                      f"{r['seconds'] / 60:.1f} min |")
     if rows:
-        mean_cer = sum(r["cer"]["rate"] for r in rows) / len(rows)
-        mean_wer = sum(r["wer"]["rate"] for r in rows) / len(rows)
         lines.append(f"| mean of {len(rows)} folds | {sum(r['utterances'] for r in rows)} | "
-                     f"{100 * mean_cer:.2f} | {100 * mean_wer:.2f} | | |")
+                     f"{100 * mean(rows, 'cer'):.2f} | {100 * mean(rows, 'wer'):.2f} | | |")
         lines.append(f"| pooled | | {100 * pooled(rows, 'cer'):.2f} | {100 * pooled(rows, 'wer'):.2f} | | |")
     return "\n".join(lines) + "\n"
 
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma separated (default: every speaker of the corpus)")
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     setup_logging()
-    speakers = [s for s in re.split(r"[\s,]+", args.speakers) if s] or corpus_speakers(args.corpus_dir)
+    speakers = split_list(args.speakers) or corpus_speakers(args.corpus_dir)
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows, args.config)
     (work / "loso.md").write_text(text, encoding="utf-8")
     summary = {"config": args.config, "folds": rows,
-               "mean_wer": sum(r["wer"]["rate"] for r in rows) / len(rows),
+               "mean_wer": mean(rows, "wer"),
                "pooled_wer": pooled(rows, "wer"), "pooled_cer": pooled(rows, "cer")}
     (work / "loso.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(text)
