@@ -17,7 +17,9 @@ SECONDS=0
 run_args=("$@")  # kept for the replay script
 
 start_dir=${PWD}
-cd "$(dirname "$(readlink -f "$0")")"
+# NOTE: resolved before the cd below: "$0" may be a path relative to where run.sh was started.
+run_sh=$(readlink -f "$0")
+cd "$(dirname "${run_sh}")"
 # NOTE: GNU nproc obeys OMP_NUM_THREADS, which path.sh sets to 1 for the ranks; count cores without it.
 ncpu=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 
@@ -51,7 +53,7 @@ nproc_per_node=auto     # processes per node: auto = one per GPU, else one per C
 wait_timeout=7200       # seconds a node waits for node 0 to finish a node-0-only stage
 # ---- end of options
 
-options_block=$(sed -n '/^# ---- options/,/^# ---- end of options/p' "$0" | grep -E '^[a-z_]+=')
+options_block=$(sed -n '/^# ---- options/,/^# ---- end of options/p' "${run_sh}" | grep -E '^[a-z_]+=')
 option_names=$(sed -E 's/=.*//' <<< "${options_block}")
 help_message="Usage: $0 [options] [-- hydra overrides for the trainer]
 Options (--name value; --name-with-dashes and --name_with_underscores both work):
@@ -79,7 +81,7 @@ while [ $# -gt 0 ]; do
   # --decode-dir may be repeated: the dirs accumulate (as a newline-separated list: paths may hold spaces).
   if [ "${var}" = decode_dir ] && [ -n "${decode_dir}" ]; then value=${decode_dir}$'\n'${value}; fi
   printf -v "${var}" '%s' "${value}"
-  case ${var} in stage|stop_stage) ;; decode_dir) replay_args+=(--decode-dir "${value##*$'\n'}") ;;
+  case ${var} in stage|stop_stage|node_rank) ;; decode_dir) replay_args+=(--decode-dir "${value##*$'\n'}") ;;
     *) replay_args+=("--${var//_/-}" "${value}") ;; esac
 done
 
@@ -91,7 +93,8 @@ for n in stage stop_stage nj nnodes node_rank master_port; do
   [[ ${!n} =~ ^[0-9]+$ ]] || usage_error "--${n//_/-} must be a non-negative integer, got '${!n}'"
 done
 [ "${node_rank}" -lt "${nnodes}" ] || usage_error "--node-rank ${node_rank} is not below --nnodes ${nnodes}"
-[ -d "recipes/${corpus}" ] || usage_error "--corpus ${corpus}: no recipes/${corpus}/ (have: $(ls recipes | grep -v '[._]' | tr '\n' ' '))"
+have_recipes=$(cd recipes && for d in */prepare.py; do printf '%s ' "${d%/prepare.py}"; done)
+[ -d "recipes/${corpus}" ] || usage_error "--corpus ${corpus}: no recipes/${corpus}/ (have: ${have_recipes})"
 for b in strict allow_pipes; do
   [[ ${!b} =~ ^(true|false)$ ]] || usage_error "--${b//_/-} must be true or false, got '${!b}'"
 done
@@ -126,14 +129,22 @@ fi
 log "$0 ${run_args[*]}"
 log "node ${node_rank}/${nnodes}, master ${master_addr}:${master_port}, ${nproc_per_node} ${device} processes per node, exp ${exp_dir}"
 
+# The replay script's arguments: every option given but the stages and --node-rank, then the overrides.
+replay() { write_replay "${exp_dir}" "$1" "${stop_stage}" "${#replay_args[@]}" "${replay_args[@]}" "${hydra_overrides[@]}"; }
+corpus_field() { python -m local.corpus_info --data-dir "${data_dir}" "$@"; }
+stage_begins() {  # n "what: inputs -> outputs" [marker the stage needs]: announce, replay script, check
+  log "Stage $1: $2"
+  replay "$1"
+  if [ $# -ge 3 ] && [ ! -f "$3" ]; then log "ERROR: $3 is missing: run stage $(($1 - 1)) first"; exit 1; fi
+}
+
 if [ "${stage}" -le 0 ] && [ "${stop_stage}" -ge 0 ]; then
-  log "Stage 0: data preparation: ${corpus} (${corpus_dir:-recipe default}) -> ${data_dir}/<set>/{data.jsonl,report.json}"
-  write_replay 0
-  recipe_fp=$(fingerprint "${corpus}" "${corpus_dir}" "${prep_opts}")
+  stage_begins 0 "data preparation: ${corpus} (${corpus_dir:-recipe default}) -> ${data_dir}/<set>/{data.jsonl,report.json}"
+  recipe_fp=$(fingerprint -- "${corpus}" "${corpus_dir}" "${prep_opts}")
   check_opts=(--nj "${nj}" --strict "${strict}" --allow-pipes "${allow_pipes}" --max-duration "${max_duration}")
-  stage0_fp=$(fingerprint "${recipe_fp}" "${check_opts[@]:2}")
+  stage0_fp=$(fingerprint -- "${recipe_fp}" "${check_opts[@]:2}")
   if [ "${node_rank}" -ne 0 ]; then
-    wait_for_node0 "${data_dir}/.done" "${stage0_fp}" "stage 0"
+    wait_for_node0 "${data_dir}/.done" "${stage0_fp}" "stage 0" "${wait_timeout}"
   elif is_done "${data_dir}/.done" "${stage0_fp}"; then
     log "${data_dir} is done; skipping (remove ${data_dir}/.done to redo)"
   else
@@ -145,34 +156,21 @@ if [ "${stage}" -le 0 ] && [ "${stop_stage}" -ge 0 ]; then
         --data-dir "${data_dir}" ${prep_opts} 2>&1 | tee "${data_dir}/log/recipe.log" >&2
       mark_done "${data_dir}/.recipe.done" "${recipe_fp}"
     fi
-    declared=()
-    for field in language emotion event itn; do
-      declared+=("--${field}" "$(python -m local.corpus_info --data-dir "${data_dir}" "${field}")")
-    done
-    for set in $(python -m local.corpus_info --data-dir "${data_dir}" sets); do
-      set_fp=$(fingerprint "${stage0_fp}" "${declared[@]}" \
-        "$(cat "${data_dir}/${set}"/{wav.scp,text,utt2spk,utt2lang,utt2emo,utt2event} 2>/dev/null | sha256sum)")
-      if is_done "${data_dir}/${set}/.done" "${set_fp}"; then
-        log "${data_dir}/${set} is validated; skipping"; continue
-      fi
-      log "validating ${data_dir}/${set}: log in ${data_dir}/log/prepare_${set}.log"
-      python -m local.prepare_data --set-dir "${data_dir}/${set}" "${declared[@]}" "${check_opts[@]}" \
-        2>&1 | tee "${data_dir}/log/prepare_${set}.log" >&2
-      mark_done "${data_dir}/${set}/.done" "${set_fp}"
+    for set in $(corpus_field sets); do
+      validate_set "${data_dir}/${set}" "${data_dir}" \
+        "$(set_fingerprint "${data_dir}/${set}" "${data_dir}" "${stage0_fp}")" "${check_opts[@]}"
     done
     mark_done "${data_dir}/.done" "${stage0_fp}"
   fi
 fi
 
 if [ "${stage}" -le 1 ] && [ "${stop_stage}" -ge 1 ]; then
-  log "Stage 1: fbank features, CMVN, tokenizer: ${data_dir}/<set>/data.jsonl -> ${dump_dir}/<set>/"
-  write_replay 1
-  [ -f "${data_dir}/.done" ] || { log "ERROR: ${data_dir}/.done is missing: run stage 0 first"; exit 1; }
-  fbank_opts=(--config "${config}" --data-dir "${data_dir}" --dump-dir "${dump_dir}"
-    --sets "$(python -m local.corpus_info --data-dir "${data_dir}" sets)"
-    --train-set "$(python -m local.corpus_info --data-dir "${data_dir}" train_set)"
-    --speed-perturb "${speed_perturb}" --shard-size "${shard_size}" --strict "${strict}")
-  stage1_fp=$(fingerprint "$(head -n1 "${data_dir}/.done")" "${fbank_opts[@]}" "$(sha256sum < "${config}")" \
+  stage_begins 1 "fbank features, CMVN, tokenizer: ${data_dir}/<set>/data.jsonl -> ${dump_dir}/<set>/" \
+    "${data_dir}/.done"
+  fbank_opts=(--config "${config}" --data-dir "${data_dir}" --dump-dir "${dump_dir}" --sets "$(corpus_field sets)"
+    --train-set "$(corpus_field train_set)" --speed-perturb "${speed_perturb}" --shard-size "${shard_size}"
+    --strict "${strict}")
+  stage1_fp=$(fingerprint --markers "${data_dir}/.done" --contents "${config}" -- "${fbank_opts[@]}" \
     "${hydra_overrides[@]}")
   if is_done "${dump_dir}/.done" "${stage1_fp}"; then
     log "${dump_dir} is done; skipping (remove ${dump_dir}/.done to redo; finished shards are kept)"
@@ -181,39 +179,36 @@ if [ "${stage}" -le 1 ] && [ "${stop_stage}" -ge 1 ]; then
     mkdir -p "${dump_dir}/log"
     world=$((nnodes * nj))
     log "computing fbank with ${nj} processes on this node (${world} in all); logs in ${dump_dir}/log/fbank.<rank>.log"
-    run_node_procs "${nj}" "${dump_dir}/log/fbank" python -m local.compute_fbank work "${fbank_opts[@]}" \
-      --world-size "${world}" -- "${hydra_overrides[@]}" || exit 1
+    run_node_procs "${nj}" "${node_rank}" "${dump_dir}/log/fbank" python -m local.compute_fbank work \
+      "${fbank_opts[@]}" --world-size "${world}" -- "${hydra_overrides[@]}" || exit 1
     if [ "${node_rank}" -eq 0 ]; then
       python -m local.compute_fbank merge "${fbank_opts[@]}" --world-size "${world}" --wait-timeout "${wait_timeout}" \
         --tokenizer-dir "${dump_dir}/tokenizer/${tag}" -- "${hydra_overrides[@]}" 2>&1 | tee "${dump_dir}/log/merge.log" >&2
       mark_done "${dump_dir}/.done" "${stage1_fp}"
     else
-      wait_for_node0 "${dump_dir}/.done" "${stage1_fp}" "stage 1"
+      wait_for_node0 "${dump_dir}/.done" "${stage1_fp}" "stage 1" "${wait_timeout}"
     fi
   fi
 fi
 
 if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
-  log "Stage 2: training (${config}): ${dump_dir}/ -> ${exp_dir}/"
-  write_replay 2
-  [ -f "${dump_dir}/.done" ] || { log "ERROR: ${dump_dir}/.done is missing: run stage 1 first"; exit 1; }
-  [ -f "${ds_config}" ] || usage_error "--ds-config ${ds_config}: no such file (have: $(ls ds_configs | tr '\n' ' '))"
+  stage_begins 2 "training (${config}): ${dump_dir}/ -> ${exp_dir}/" "${dump_dir}/.done"
+  [ -f "${ds_config}" ] || usage_error "--ds-config ${ds_config}: no such file (have: $(echo ds_configs/*.json))"
   train_opts=(--config "${config}" --exp-dir "${exp_dir}" --data-dir "${data_dir}" --dump-dir "${dump_dir}"
-    --train-set "$(python -m local.corpus_info --data-dir "${data_dir}" train_set)"
-    --valid-set "$(python -m local.corpus_info --data-dir "${data_dir}" valid_set)"
+    --train-set "$(corpus_field train_set)" --valid-set "$(corpus_field valid_set)"
     --feats-type "${feats_type}" --train-engine "${train_engine}" --ds-config "${ds_config}" --device "${device}")
   # Each node resolves the pretrained model itself (a hub download lands in the node's own cache).
-  pretrained=$(resolve_pretrained) || exit 1
+  pretrained=$(resolve_pretrained "${config}" "${pretrained_dir}" "${hydra_overrides[@]}") || exit 1
   [ -n "${pretrained}" ] && { train_opts+=(--pretrained-dir "${pretrained}"); log "fine-tuning ${pretrained}"; }
-  stage2_fp=$(fingerprint "$(head -n1 "${dump_dir}/.done")" "${train_opts[@]}" "$(sha256sum < "${config}")" \
-    "$(sha256sum < "${ds_config}")" "${nnodes}" "${nproc_per_node}" "${hydra_overrides[@]}")
+  stage2_fp=$(fingerprint --markers "${dump_dir}/.done" --contents "${config}" "${ds_config}" -- "${train_opts[@]}" \
+    "${nnodes}" "${nproc_per_node}" "${hydra_overrides[@]}")
   if is_done "${exp_dir}/.train.done" "${stage2_fp}"; then
     log "${exp_dir} is trained; skipping (remove ${exp_dir}/.train.done to train again)"
   else
     train_log=${exp_dir}/train.log; [ "${node_rank}" -eq 0 ] || train_log=${exp_dir}/train.node${node_rank}.log
     # Before torchrun: all nodes must see each other's files in exp/ (shared filesystem) and be started;
     # torchrun alone would only time out, without saying which node is missing.
-    [ "${nnodes}" -gt 1 ] && wait_for_nodes "${exp_dir}" "${stage2_fp}"
+    [ "${nnodes}" -gt 1 ] && wait_for_nodes "${exp_dir}" "${stage2_fp}" "${node_rank}" "${nnodes}" "${wait_timeout}"
     # On CPU, DeepSpeed must not look for CUDA (it has no oneCCL here: gloo through torch.distributed).
     [ "${device}" = cpu ] && export DS_ACCELERATOR=cpu
     log "torchrun: ${nnodes} node(s) x ${nproc_per_node} ${device} process(es), ${train_engine}" \
@@ -232,21 +227,20 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
     fi
     if [ "${node_rank}" -eq 0 ]; then
       python -m local.plot_training "${train_log}" --out "${exp_dir}/curves" || log "WARNING: no training curves"
-      # The best checkpoint by validation loss as a model dir in the hub's format (fp32 weights).
-      python -m local.make_model_dir --exp-dir "${exp_dir}" --checkpoint model.pt.best --out "${exp_dir}/model_dir"
+      # The checkpoint with the lowest validation loss as a model dir in the hub's format (fp32 weights).
+      python -m local.make_model_dir --exp-dir "${exp_dir}" --checkpoint model.pt.best --out "${exp_dir}/best_model"
     fi
     mark_done "${exp_dir}/.train.done" "${stage2_fp}"
   fi
 fi
 
 if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
-  log "Stage 3: averaging, decoding, scoring: ${exp_dir}/ -> ${exp_dir}/{final/,decode_<set>/,RESULTS.md}"
-  write_replay 3
-  [ -f "${exp_dir}/.train.done" ] || { log "ERROR: ${exp_dir}/.train.done is missing: run stage 2 first"; exit 1; }
+  stage_begins 3 "averaging, decoding, scoring: ${exp_dir}/ -> ${exp_dir}/{final/,decode_<set>/,RESULTS.md}" \
+    "${exp_dir}/.train.done"
   mkdir -p "${exp_dir}/log"
-  stage3_fp=$(fingerprint "$(head -n1 "${exp_dir}/.train.done")")
+  stage3_fp=$(fingerprint --markers "${exp_dir}/.train.done" --)
   if [ "${node_rank}" -ne 0 ]; then
-    wait_for_node0 "${exp_dir}/final/.done" "${stage3_fp}" "averaging"
+    wait_for_node0 "${exp_dir}/final/.done" "${stage3_fp}" "averaging" "${wait_timeout}"
   elif is_done "${exp_dir}/final/.done" "${stage3_fp}"; then
     log "${exp_dir}/final is averaged; skipping"
   else
@@ -254,50 +248,43 @@ if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
     mark_done "${exp_dir}/final/.done" "${stage3_fp}"
   fi
   # The recipe's test sets, then every --decode-dir, validated like a stage-0 set into data/extra_<name>.
-  test_sets=$(python -m local.corpus_info --data-dir "${data_dir}" test_sets)
+  test_sets=$(corpus_field test_sets)
+  check_opts=(--nj "${nj}" --strict "${strict}" --allow-pipes "${allow_pipes}" --max-duration "${max_duration}")
   while IFS= read -r dir; do
     [ -n "${dir}" ] || continue
     [[ ${dir} = /* ]] || dir=$(cd "${start_dir}" && realpath -m "${dir}")
+    if [ ! -f "${dir}/wav.scp" ] || [ ! -f "${dir}/text" ]; then
+      log "ERROR: --decode-dir ${dir} needs wav.scp and text"; exit 1
+    fi
     set=extra_$(basename "${dir}"); test_sets+=" ${set}"
-    set_fp=$(fingerprint "${dir}" "$(cat "${dir}"/{wav.scp,text,utt2lang,utt2emo,utt2event} 2>/dev/null | sha256sum)")
-    if [ "${node_rank}" -ne 0 ]; then wait_for_node0 "${data_dir}/${set}/.done" "${set_fp}" "validating ${dir}"; continue; fi
-    is_done "${data_dir}/${set}/.done" "${set_fp}" && continue
-    [ -f "${dir}/wav.scp" ] && [ -f "${dir}/text" ] || { log "ERROR: --decode-dir ${dir} needs wav.scp and text"; exit 1; }
-    log "validating ${dir} into ${data_dir}/${set}: log in ${data_dir}/log/prepare_${set}.log"
-    rm -rf "${data_dir:?}/${set}"; mkdir -p "${data_dir}/${set}"
-    for f in wav.scp text utt2spk spk2utt utt2lang utt2emo utt2event; do
-      [ -f "${dir}/${f}" ] && cp "${dir}/${f}" "${data_dir}/${set}/"
-    done
-    declared=()
-    for field in language emotion event itn; do
-      declared+=("--${field}" "$(python -m local.corpus_info --data-dir "${data_dir}" "${field}")")
-    done
-    python -m local.prepare_data --set-dir "${data_dir}/${set}" "${declared[@]}" --nj "${nj}" --strict "${strict}" \
-      --allow-pipes "${allow_pipes}" --max-duration "${max_duration}" 2>&1 | tee "${data_dir}/log/prepare_${set}.log" >&2
-    mark_done "${data_dir}/${set}/.done" "${set_fp}"
+    set_fp=$(set_fingerprint "${dir}" "${data_dir}" "${dir}" "${check_opts[@]:2}")
+    if [ "${node_rank}" -ne 0 ]; then
+      wait_for_node0 "${data_dir}/${set}/.done" "${set_fp}" "validating ${dir}" "${wait_timeout}"; continue
+    fi
+    copy_kaldi_dir "${dir}" "${data_dir}/${set}"
+    validate_set "${data_dir}/${set}" "${data_dir}" "${set_fp}" "${check_opts[@]}"
   done <<< "${decode_dir}"
   # The averaged model, and the pretrained one it was fine-tuned from, so that RESULTS shows both.
   models=("final:${exp_dir}/final")
-  pretrained=$(resolve_pretrained) || exit 1
+  pretrained=$(resolve_pretrained "${config}" "${pretrained_dir}" "${hydra_overrides[@]}") || exit 1
   [ -n "${pretrained}" ] && models+=("pretrained:${pretrained}")
   world=$((nnodes * nproc_per_node))
   for entry in "${models[@]}"; do
     kind=${entry%%:*}; model=${entry#*:}
-    name="${tag} $(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["recipe"]["checkpoint"][9:])' \
-      "${exp_dir}/final/configuration.json")"
-    [ "${kind}" = pretrained ] && name="pretrained $(basename "${model}")"
+    is_pretrained=false; [ "${kind}" = pretrained ] && is_pretrained=true
     for set in ${test_sets}; do
-      out=${exp_dir}/decode_${set}; [ "${kind}" = pretrained ] && out+=_pretrained
-      decode_fp=$(fingerprint "${stage3_fp}" "${model}" "$(sha256sum < "${data_dir}/${set}/data.jsonl")" "${world}")
+      out=${exp_dir}/decode_${set}; ${is_pretrained} && out+=_pretrained
+      decode_fp=$(fingerprint --contents "${data_dir}/${set}/data.jsonl" -- "${stage3_fp}" "${model}" "${world}")
       if is_done "${out}/.done" "${decode_fp}"; then log "${out} is scored; skipping"; continue; fi
       mkdir -p "${out}/log"
-      log "decoding ${data_dir}/${set} with ${name}: ${world} processes; logs in ${out}/log/decode.<rank>.log"
-      run_node_procs "${nproc_per_node}" "${out}/log/decode" python -m local.decode work --model-dir "${model}" \
-        --data-jsonl "${data_dir}/${set}/data.jsonl" --out "${out}" --world-size "${world}" --device "${device}" \
-        --batch-size "${decode_batch_size}" || exit 1
+      log "decoding ${data_dir}/${set} with ${model}: ${world} processes; logs in ${out}/log/decode.<rank>.log"
+      decode_opts=(--model-dir "${model}" --data-jsonl "${data_dir}/${set}/data.jsonl" --out "${out}"
+        --world-size "${world}")
+      run_node_procs "${nproc_per_node}" "${node_rank}" "${out}/log/decode" python -m local.decode work \
+        "${decode_opts[@]}" --device "${device}" --batch-size "${decode_batch_size}" || exit 1
       [ "${node_rank}" -eq 0 ] || continue  # node 0 merges and scores
-      python -m local.decode merge --data-jsonl "${data_dir}/${set}/data.jsonl" --out "${out}" --world-size "${world}" \
-        --model-name "${name}" --set-name "${set}" --wait-timeout "${wait_timeout}" 2>&1 | tee "${out}/log/merge.log" >&2
+      python -m local.decode merge "${decode_opts[@]}" --tag "${tag}" --pretrained "${is_pretrained}" \
+        --set-name "${set}" --wait-timeout "${wait_timeout}" 2>&1 | tee "${out}/log/merge.log" >&2
       python -m local.score --dir "${out}" 2>&1 | tee "${out}/log/score.log" >&2
       mark_done "${out}/.done" "${decode_fp}"
     done
@@ -309,26 +296,23 @@ if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
 fi
 
 if [ "${stage}" -le 4 ] && [ "${stop_stage}" -ge 4 ]; then
-  log "Stage 4: ONNX export fp32/int8 and parity: ${exp_dir}/final/ -> ${exp_dir}/export/; log in ${exp_dir}/log/export.log"
-  write_replay 4
-  [ -f "${exp_dir}/final/.done" ] || { log "ERROR: ${exp_dir}/final/.done is missing: run stage 3 first"; exit 1; }
+  stage_begins 4 "ONNX export fp32/int8 and parity: ${exp_dir}/final/ -> ${exp_dir}/export/; log in ${exp_dir}/log/export.log" \
+    "${exp_dir}/final/.done"
   if [ "${node_rank}" -eq 0 ]; then
     # Parity is checked on the validation set: the stage fails (exit 1) when ONNX and PyTorch disagree.
     mkdir -p "${exp_dir}/log"
     python -m local.export --model-dir "${exp_dir}/final" --out "${exp_dir}/export" --threads "${ncpu}" \
-      --data-jsonl "${data_dir}/$(python -m local.corpus_info --data-dir "${data_dir}" valid_set)/data.jsonl" \
-      2>&1 | tee "${exp_dir}/log/export.log" >&2
+      --data-jsonl "${data_dir}/$(corpus_field valid_set)/data.jsonl" 2>&1 | tee "${exp_dir}/log/export.log" >&2
   fi
 fi
 
 if [ "${stage}" -le 5 ] && [ "${stop_stage}" -ge 5 ]; then
-  log "Stage 5: package and benchmark: ${exp_dir}/export/ -> ${exp_dir}/{package/,package.tar.gz,benchmark.md}; logs in ${exp_dir}/log/"
-  write_replay 5
-  [ -f "${exp_dir}/export/.done" ] || { log "ERROR: ${exp_dir}/export/.done is missing: run stage 4 first"; exit 1; }
+  stage_begins 5 "package and benchmark: ${exp_dir}/export/ -> ${exp_dir}/{package/,package.tar.gz,benchmark.md}; logs in ${exp_dir}/log/" \
+    "${exp_dir}/export/.done"
   if [ "${node_rank}" -eq 0 ]; then
     mkdir -p "${exp_dir}/log"
     # The benchmark first: the model card embeds its table.
-    bench_set=$(python -m local.corpus_info --data-dir "${data_dir}" test_sets | cut -d' ' -f1)
+    bench_set=$(corpus_field test_sets | cut -d' ' -f1)
     python -m local.bench_runtime --exp-dir "${exp_dir}" --data-jsonl "${data_dir}/${bench_set}/data.jsonl" \
       --threads "${ncpu}" 2>&1 | tee "${exp_dir}/log/benchmark.log" >&2
     python -m local.package --exp-dir "${exp_dir}" --data-jsonl "${data_dir}/${bench_set}/data.jsonl" \
@@ -340,15 +324,14 @@ if [ "${node_rank}" -eq 0 ] && [ "${stop_stage}" -ge 3 ]; then
   for f in RESULTS.md curves.png export/parity.json package.tar.gz benchmark.md; do
     if [ -e "${exp_dir}/${f}" ]; then log "  ${exp_dir}/${f}"; fi
   done
-  valid_set=$(python -m local.corpus_info --data-dir "${data_dir}" valid_set)
-  result=${exp_dir}/decode_${valid_set}/result.json
+  result=${exp_dir}/decode_$(corpus_field valid_set)/result.json
   if [ -f "${result}" ]; then
-    log "$(python - "${result}" <<'EOF'
+    log "$(python - "${result}" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 print(f"{r['model']} on {r['set']} ({r['utterances']} utterances): WER {100 * r['wer']['rate']:.2f}%, "
       f"CER {100 * r['cer']['rate']:.2f}%")
-EOF
+PY
 )"
   fi
 fi

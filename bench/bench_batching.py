@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import subprocess
 import sys
 import tempfile
@@ -40,31 +39,11 @@ import numpy as np
 import torch.distributed as dist
 from funasr.register import tables
 
-import local.batch_sampler  # noqa: F401  (registers LengthBucketBatchSampler)
+import funasr_recipe.data.batch_sampler  # noqa: F401  (registers LengthBucketBatchSampler)
+from funasr_recipe.data.batching import SourceLengths
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEECHOCEAN = ROOT.parent / "shared" / "data" / "speechocean762"
-
-
-class Lengths:
-    """What a batch sampler reads of a funasr dataset."""
-
-    def __init__(self, lengths: list[int]) -> None:
-        self.lengths = lengths
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def get_source_len(self, i: int) -> int:
-        return self.lengths[i]
-
-    def get_target_len(self, i: int) -> int:
-        return 1
-
-
-def read_lengths(jsonl: Path) -> list[int]:
-    with open(jsonl, encoding="utf-8") as f:
-        return [int(json.loads(line)["source_len"]) for line in f if line.strip()]
 
 
 def default_corpora(tmp: Path) -> dict[str, Path]:
@@ -103,7 +82,7 @@ def padding_floor(lengths: tuple[int, ...], batch_size: int, n_batches: int, max
     return 100.0 * (1.0 - sorted_lengths.sum() / best[n]) if np.isfinite(best[n]) else float("nan")
 
 
-def epoch_batches(make: Callable[..., dict[str, Any]], ds: Lengths, conf: dict[str, Any], rank: int,
+def epoch_batches(make: Callable[..., dict[str, Any]], ds: SourceLengths, conf: dict[str, Any], rank: int,
                   world: int, epoch: int) -> list[list[int]]:
     """One rank's batches of one epoch, built as funasr's DataloaderMapStyle.build_iter builds them."""
     with mock.patch.object(dist, "get_rank", return_value=rank), \
@@ -115,7 +94,7 @@ def epoch_batches(make: Callable[..., dict[str, Any]], ds: Lengths, conf: dict[s
 
 def measure(make: Callable[..., dict[str, Any]], lengths: list[int], conf: dict[str, Any],
             world: int) -> dict[str, Any]:
-    ds = Lengths(lengths)
+    ds = SourceLengths(lengths)
     e0 = [epoch_batches(make, ds, conf, r, world, 0) for r in range(world)]
     e1_rank0 = epoch_batches(make, ds, conf, 0, world, 1)
     flat = [b for rank in e0 for b in rank]
@@ -148,7 +127,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         corpora = ({p.parent.name + " " + p.name: p for p in args.data} if args.data
                    else default_corpora(Path(tmp)))
-        lengths = {name: read_lengths(path) for name, path in corpora.items()}
+        lengths = {name: SourceLengths.from_manifest(path).lengths for name, path in corpora.items()}
     header = (f"{'corpus':<22} {'utts':>5} {'world':>5} {'sampler':<26} {'pad %':>6} {'batches':>7} "
               f"{'floor %':>7} {'steps/rank':>10} {'seen %':>6} {'same batches':>12} {'same order':>10}")
     print(f"batch_type token, batch_size {args.batch_size} frames per rank, sort_size 1024, "

@@ -7,7 +7,7 @@ utterances (the unperturbed training copies), as the trainer builds them:
 
   funasr audio path   dataset SenseVoiceCTCDataset: decode the audio (funasr's loader), resample,
                       WavFrontend fbank + LFR + CMVN, per utterance, every epoch
-  stage-1 features    dataset FbankSenseVoiceCTCDataset (local/feats_dataset.py): read the fbank,
+  stage-1 features    dataset FbankSenseVoiceCTCDataset (funasr_recipe/data/feats_dataset.py): read the fbank,
                       LFR + CMVN
 
 Each loader runs --epochs epochs after one warm-up epoch (worker start-up excluded), once per
@@ -41,8 +41,7 @@ CONFIG = ROOT / "conf" / "tiny_sensevoice.yaml"
 
 def stages01(work: Path, corpus: str) -> tuple[Path, Path]:
     """Stage 0 and stage 1 of the corpus into work/; returns (data dir, dump dir)."""
-    from local import compute_fbank
-    from local.prepare_data import validate_set
+    from funasr_recipe.data.validate import validate_set
 
     data, dump = work / "data", work / "dump"
     args = ["--data-dir", str(data)] + (["--corpus-dir", str(SHARED)] if corpus == "speechocean762" else [])
@@ -53,9 +52,8 @@ def stages01(work: Path, corpus: str) -> tuple[Path, Path]:
     common = ["--config", str(CONFIG), "--data-dir", str(data), "--dump-dir", str(dump), "--sets",
               " ".join(info["sets"]), "--train-set", info["train_set"], "--tokenizer-dir", str(dump / "tok"),
               "--", "++build_tokenizer.sp_type=bpe", "++build_tokenizer.vocab_size=500"]
-    for mode in ("work", "merge"):
-        if compute_fbank.main([mode, *common]):
-            raise SystemExit(f"stage 1 {mode} failed")
+    for mode in ("work", "merge"):  # stage 1 as run.sh runs it
+        subprocess.run([sys.executable, "-m", "local.compute_fbank", mode, *common], check=True, cwd=ROOT)
     return data / info["train_set"], dump / info["train_set"]
 
 
@@ -64,7 +62,7 @@ def loader(jsonl: Path, dataset: str, dump: Path, workers: int, batch_size: int)
     from funasr.frontends.wav_frontend import WavFrontend
     from funasr.tokenizer.sentencepiece_tokenizer import SentencepiecesTokenizer
 
-    import local.feats_dataset  # noqa: F401  (registers the Fbank* datasets)
+    import funasr_recipe.data.feats_dataset  # noqa: F401  (registers the Fbank* datasets)
 
     fe = WavFrontend(cmvn_file=str(dump / "am.mvn"), n_mels=80, frame_length=25, frame_shift=10, lfr_m=7,
                      lfr_n=6, dither=0.0)

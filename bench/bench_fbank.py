@@ -8,7 +8,7 @@ runs single-threaded, as a stage-1 process does, on the same utterances:
 
   funasr path       funasr's loader (load_audio_text_image_video: torchaudio.load, i.e. torchcodec)
                     + WavFrontend (fbank, LFR, CMVN) per utterance: what its dataset does every epoch
-  stage 1, 1 proc   ``local.compute_fbank work``: soundfile read, resample, fbank, CMVN statistics,
+  stage 1, 1 proc   ``local.compute_fbank work``'s library call: soundfile read, resample, fbank, CMVN stats,
                     ark/scp/jsonl writes, .done markers: the real program, timed in-process
   stage 1, 2 procs  the same with --world-size 2, two forked processes started together (wall time)
   torchaudio fbank  torchaudio.compliance.kaldi.fbank alone, on waveforms already in memory at 16 kHz
@@ -46,7 +46,7 @@ CONFIG = ROOT / "conf" / "tiny_sensevoice.yaml"
 
 def prepare(work: Path, corpus: str, repeat: int) -> tuple[Path, list[dict]]:
     """Stage 0 of the corpus into work/data; train = every utterance of every set, ``repeat`` times."""
-    from local.prepare_data import validate_set
+    from funasr_recipe.data.validate import validate_set
 
     data = work / "data"
     args = ["--data-dir", str(data)] + (["--corpus-dir", str(SHARED)] if corpus == "speechocean762" else [])
@@ -83,7 +83,7 @@ def time_funasr(items: list[dict], cmvn: Path) -> float:
 
 
 def load16k(items: list[dict]) -> list[torch.Tensor]:
-    from local.fbank import resample
+    from funasr_recipe.features.fbank import resample
 
     out = []
     for item in items:
@@ -123,18 +123,18 @@ def time_knf(waves: list[torch.Tensor]) -> float | None:
 
 
 def _stage1(dump: Path, data: Path, rank: int, world: int) -> None:
-    from local import compute_fbank
+    """Stage 1's work (local/compute_fbank.py work) of one rank, in this process."""
+    from funasr_recipe.features.dump import compute_shards, plan_sets
+    from funasr_recipe.model.config import fbank_conf, load_config
 
-    args = ["work", "--config", str(CONFIG), "--data-dir", str(data), "--dump-dir", str(dump),
-            "--sets", "bench", "--train-set", "none", "--shard-size", "100", "--rank", str(rank),
-            "--world-size", str(world)]
-    if compute_fbank.main(args):
-        raise SystemExit(f"stage 1 failed (rank {rank})")
+    conf = fbank_conf(load_config(CONFIG))
+    plans = plan_sets(data, dump, ["bench"], "none", "1.0", 100, conf)
+    compute_shards(plans, conf, rank, world, strict=False)
 
 
 def time_stage1(work: Path, data: Path, world: int, tag: str) -> float:
     """Wall time of ``world`` forked stage-1 processes over the whole list (fresh dump dir)."""
-    import local.compute_fbank  # noqa: F401  (imported before forking: the children start warm)
+    import funasr_recipe.features.dump  # noqa: F401  (imported before forking: the children start warm)
 
     dump = work / f"dump_{tag}"
     shutil.rmtree(dump, ignore_errors=True)
@@ -170,7 +170,7 @@ def main() -> None:
     x1 = time_stage1(work, data, 1, "x1")
     x2 = time_stage1(work, data, 2, "x2")
     stats = next((work / "dump_x1" / "bench" / "shards").glob("*.stats.npz"))
-    from local.cmvn import CmvnStats, write_am_mvn
+    from funasr_recipe.features.cmvn import CmvnStats, write_am_mvn
 
     cmvn = work / "am.mvn"
     write_am_mvn(cmvn, *CmvnStats.load(stats).mean_std())

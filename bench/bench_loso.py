@@ -30,9 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-from local.log_utils import setup_logging
+from funasr_recipe.core.log import setup_logging
 from recipes.common import split_list
-from recipes.fsdd.prepare import BUNDLED, NAME
+from recipes.fsdd import BUNDLED, NAME
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,5 @@
-"""Benchmark stage 0 (local.prepare_data.validate_set) on the bundled digit corpus.
+"""Benchmark stage 0 (funasr_recipe.data.validate.validate_set, what local/prepare_data.py runs) on the
+bundled digit corpus.
 
 Reads corpora/free-spoken-digit-dataset/recordings (2500 real wavs; nothing outside the repo); writes
 two Kaldi data dirs under a temporary folder (or --work-dir): x1 (every recording once) and x10 (the
@@ -62,7 +63,7 @@ def build_set(set_dir: Path, wavs: list[Path], repeats: int) -> int:
 
 def child(set_dir: Path, nj: int, result: Path) -> None:
     """Runs in the fresh subprocess: validate one set and write the measurements to ``result``."""
-    from local.prepare_data import validate_set
+    from funasr_recipe.data.validate import validate_set
 
     baseline_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()

@@ -1,5 +1,5 @@
 """Benchmark the runtimes of an exported model on CPU (and CUDA where present): stage 5's benchmark
-(local/bench_runtime.py) run outside the stage, so that the stage's own benchmark.{md,json} stay as
+(python -m local.bench_runtime) run outside the stage, so that the stage's own benchmark.{md,json} stay as
 they are.
 
 Reads <exp-dir>/export/ and <exp-dir>/final/ (stages 3-4: ./run.sh --stop-stage 4 --config
@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from funasr_recipe.core.env import available_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    from local.bench_runtime import main as bench_main
-    from local.onnx_asr import available_cores
-
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--exp-dir", type=Path, default=ROOT / "exp" / "tiny_sensevoice")
@@ -46,10 +46,11 @@ def main() -> int:
         exp = Path(tmp) / args.exp_dir.name  # the report's tag is the exp dir's name
         exp.mkdir()
         (exp / "export").symlink_to((args.exp_dir / "export").resolve())
-        rc = bench_main(["--exp-dir", str(exp), "--model-dir", str(args.exp_dir / "final"),
-                         "--data-jsonl", str(args.data_jsonl), "--max-utts", str(args.max_utts),
-                         "--repeats", str(args.repeats), "--threads", str(args.threads),
-                         "--batch-sizes", args.batch_sizes])
+        rc = subprocess.run([sys.executable, "-m", "local.bench_runtime", "--exp-dir", str(exp),
+                             "--model-dir", str(args.exp_dir / "final"), "--data-jsonl", str(args.data_jsonl),
+                             "--max-utts", str(args.max_utts), "--repeats", str(args.repeats),
+                             "--threads", str(args.threads), "--batch-sizes", args.batch_sizes],
+                            cwd=ROOT).returncode
         if args.out_json and (exp / "benchmark.json").is_file():
             args.out_json.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(exp / "benchmark.json", args.out_json)

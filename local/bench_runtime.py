@@ -1,28 +1,13 @@
-"""Stage 5 benchmark: latency, throughput and RTF of each runtime, end to end from audio file to text.
+"""Stage 5: latency, throughput and RTF of each runtime on a test set (funasr_recipe/runtime/benchmark.py
+says what is measured and how).
 
-Reads  <exp-dir>/export/ (stage 4: model.onnx, model_quant.onnx and what the runtimes load),
-       <exp-dir>/final/ (the PyTorch model dir; --model-dir for another) and <data-jsonl>, stage 0's
-       index of a test set (its audio files are the benchmark's input);
+Reads  <exp-dir>/export/ (stage 4), <exp-dir>/final/ (the PyTorch model dir; --model-dir for another)
+       and <data-jsonl>, stage 0's manifest of a test set (its audio files are the input);
 writes <exp-dir>/benchmark.json  every row, the target ratios, the machine, load and versions
        <exp-dir>/benchmark.md    the same as the table a deployment engineer compares runtimes with
        <exp-dir>/.benchmark.done the marker of a finished run (a rerun with the same inputs skips)
-
-Rows, all in this one process and on the same utterances, in batches of 1, 8 and 32 (--batch-sizes):
-  pytorch          funasr's AutoModel.generate on the paths (PyTorch eager; ncpu = --threads)
-  funasr_onnx      funasr-onnx's class for the family (local/conformer_ctc_onnx.py for ConformerCTC,
-                   which funasr-onnx lacks: the same kaldi-native-fbank frontend), fp32 and int8
-  ours             local/onnx_asr.py, the recipe's runtime, fp32 and int8
-on CPU, and on CUDA where torch (and, for the ONNX rows, onnxruntime) has it. Each (runtime, batch)
-is warmed up on its first batch, then timed per batch, the runtimes taking turns every 16 utterances
-or 4 batches (so that all of them see the same load on a shared machine): latency p50/p95 is per call
-with one batch (per utterance at batch 1). Throughput and RTF are of calls that hand a runtime the whole
-set to transcribe in batches of that size (3 rounds, the runtimes taking turns): utterances / seconds and
-seconds / audio seconds; a runtime may overlap its batches (ours computes the next batch's features
-and the last one's texts while onnxruntime runs). Every runtime gets --threads threads (default: the
-cores this process may use). Texts are compared with AutoModel's at the same batch: "same text" is the
-fraction identical. Two targets, from this run:
-ours fp32 >= 2.5x AutoModel's throughput at batch 1, ours int8 >= 3x at batch 8 (ok or MISSED; exit 1
-on MISSED only with --strict: a loaded machine should not fail a training run).
+Targets MISSED are a warning; exit 1 on MISSED only with --strict (a loaded machine should not fail a
+training run).
 
   python -m local.bench_runtime --exp-dir exp/tiny_sensevoice --data-jsonl data/dev/data.jsonl \\
       [--max-utts 200] [--threads 2] [--batch-sizes 1,8,32] [--repeats 1] [--strict]
@@ -34,271 +19,16 @@ import argparse
 import json
 import logging
 import os
-import platform
 import sys
-import time
-from collections.abc import Callable
-from importlib.metadata import version
 from pathlib import Path
 
-import numpy as np
-
-from local.audio import AudioError, is_pipe, probe_audio
-from local.bad_input import run_stage
-from local.dist_slice import files_fingerprint, marker_matches
-from local.log_utils import Progress, setup_logging
-from local.onnx_asr import OnnxASR, available_cores, export_family
-from local.onnx_parity import read_utterances
+from funasr_recipe.core.cli import EXIT_FAILURE, run_main
+from funasr_recipe.core.env import available_cores, cpu_name, versions
+from funasr_recipe.core.log import setup_logging
+from funasr_recipe.dist.markers import fingerprint, is_done, mark_done
+from funasr_recipe.runtime.benchmark import benchmark_set, markdown, run_benchmark
 
 log = logging.getLogger(__name__)
-TARGETS = ({"name": "ours_fp32_vs_pytorch_batch1", "runtime": "ours", "precision": "fp32", "batch": 1,
-            "min_ratio": 2.5},
-           {"name": "ours_int8_vs_pytorch_batch8", "runtime": "ours", "precision": "int8", "batch": 8,
-            "min_ratio": 3.0})
-LABELS = {"pytorch": "PyTorch eager (funasr AutoModel.generate)",
-          "funasr_onnx": "funasr-onnx", "ours": "recipe ONNX runtime (local.onnx_asr)"}
-BLOCK_UTTS = 16
-BLOCK_BATCHES = 4
-SETTLE_S = 0.05
-STREAM_ROUNDS = 3  # whole-set passes per runner and --repeats, in turns (load on a shared machine varies)
-Runner = Callable[[list[str], list[str], int], list[str]]
-
-
-def pytorch_runner(model_dir: Path, device: str, threads: int) -> Runner:
-    """AutoModel.generate on paths: funasr reads, resamples and featurises the audio itself."""
-    import torch
-
-    from local.decode import load_model
-
-    torch.set_num_threads(threads)  # decode.load_model passes it to AutoModel as ncpu
-    model = load_model(model_dir, device)
-
-    def run(paths: list[str], keys: list[str], batch: int) -> list[str]:
-        results = model.generate(input=paths, key=keys, batch_size=batch, language="auto", use_itn=False,
-                                 disable_pbar=True)
-        # In input order: given paths, funasr keys its results by file name, not by our keys. Paraformer
-        # returns one keyless {"text": ""} for a batch in which it predicts no token at all.
-        if len(results) != len(paths):
-            return [""] * len(paths)
-        return [r.get("text", "") for r in results]
-    return run
-
-
-def funasr_onnx_runner(export_dir: Path, family: str, quantize: bool, device: str, threads: int) -> Runner:
-    from local.export import load_runtime, runtime_text
-
-    if device != "cpu":
-        raise RuntimeError("funasr-onnx rows run on CPU only here")
-    runtime = load_runtime(export_dir, family, quantize, threads)
-
-    def run(paths: list[str], keys: list[str], batch: int) -> list[str]:
-        runtime.batch_size = batch
-        texts = [runtime_text(r) for r in runtime(paths)]
-        # funasr-onnx's Paraformer drops a batch onnxruntime rejects (too short) instead of returning "".
-        return texts if len(texts) == len(paths) else [""] * len(paths)
-    return run
-
-
-def ours_runner(export_dir: Path, quantize: bool, device: str, threads: int) -> Runner:
-    runtime = OnnxASR(export_dir, quantize=quantize, threads=threads, device=device)
-
-    def run(paths: list[str], keys: list[str], batch: int) -> list[str]:
-        runtime.batch_size = batch
-        return runtime(paths)
-    return run
-
-
-def runners(export_dir: Path, model_dir: Path, family: str, device: str,
-            threads: int) -> tuple[list[tuple[str, str, Runner]], list[str]]:
-    """[(runtime, precision, runner)] that load on ``device``, and a note for each that does not."""
-    makers = [("pytorch", "fp32", lambda: pytorch_runner(model_dir, device, threads))]
-    for precision, quantize in (("fp32", False), ("int8", True)):
-        makers.append(("funasr_onnx", precision,
-                       lambda q=quantize: funasr_onnx_runner(export_dir, family, q, device, threads)))
-        makers.append(("ours", precision, lambda q=quantize: ours_runner(export_dir, q, device, threads)))
-    out, notes = [], []
-    for name, precision, make in makers:
-        try:
-            out.append((name, precision, make()))
-        except RuntimeError as e:
-            notes.append(f"{name} {precision} on {device}: not run ({e})")
-            log.warning("%s", notes[-1])
-    return out, notes
-
-
-def benchmark_set(data_jsonl: Path, max_utts: int | None) -> tuple[list[dict], float]:
-    """The utterances with audio files (pipes left out: funasr-onnx takes paths) and their seconds."""
-    utts = []
-    for u in read_utterances(data_jsonl, None):
-        if is_pipe(u["source"]):
-            continue
-        try:
-            u["seconds"] = probe_audio(u["source"]).duration
-        except AudioError as e:  # stage 0 rejects these; a data.jsonl edited since may hold one
-            log.warning("%s: %s; left out of the benchmark", u["key"], e)
-            continue
-        utts.append(u)
-        if max_utts and len(utts) >= max_utts:
-            break
-    if not utts:
-        raise ValueError(f"{data_jsonl}: no utterance with an audio file to benchmark on")
-    return utts, sum(u["seconds"] for u in utts)
-
-
-def measure(loaded: list[tuple[str, str, Runner]], utts: list[dict], batch: int,
-            repeats: int) -> list[tuple[list[float], list[str]]]:
-    """(per-batch latencies in seconds, texts of the last repeat) of each runner over ``utts``.
-
-    The runners take turns every BLOCK_UTTS utterances (BLOCK_BATCHES batches at least), so that all
-    of them run under the same load (others' processes come and go on a shared machine) while each
-    keeps its caches warm across a few consecutive batches, as a server running one model would.
-    Before each turn, SETTLE_S untimed: the previous runner's idle threads (onnxruntime's and
-    OpenMP's spin after each call) would otherwise take the cores from the next, which no deployment
-    of one runtime sees.
-    """
-    chunks = [utts[i:i + batch] for i in range(0, len(utts), batch)]
-    per_block = max(-(-BLOCK_UTTS // batch), BLOCK_BATCHES)  # the first batch of a turn finds caches cold
-    blocks = [chunks[i:i + per_block] for i in range(0, len(chunks), per_block)]
-    results: list[tuple[list[float], list[str]]] = [([], []) for _ in loaded]
-    for _, _, run in loaded:  # warm-up: first-call allocations and lazy initialisation
-        run([u["source"] for u in chunks[0]], [u["key"] for u in chunks[0]], batch)
-    for repeat in range(repeats):
-        for block in blocks:
-            for (_, _, run), (latencies, texts) in zip(loaded, results, strict=True):
-                time.sleep(SETTLE_S)
-                for chunk in block:
-                    paths, keys = [u["source"] for u in chunk], [u["key"] for u in chunk]
-                    start = time.perf_counter()
-                    out = run(paths, keys, batch)
-                    latencies.append(time.perf_counter() - start)
-                    if repeat == repeats - 1:
-                        texts += out
-    return results
-
-
-def measure_stream(loaded: list[tuple[str, str, Runner]], utts: list[dict], batch: int,
-                   rounds: int) -> list[float]:
-    """Seconds each runner takes to transcribe all ``utts`` given in one call, ``batch`` at a time (a
-    transcription job: a runtime may overlap its batches, as ours overlaps features, network and
-    decoding), summed over ``rounds`` rounds in which the runners take turns."""
-    paths, keys = [u["source"] for u in utts], [u["key"] for u in utts]
-    seconds = [0.0] * len(loaded)
-    for _ in range(rounds):
-        for i, (_, _, run) in enumerate(loaded):
-            time.sleep(SETTLE_S)
-            start = time.perf_counter()
-            run(paths, keys, batch)
-            seconds[i] += time.perf_counter() - start
-    return seconds
-
-
-def row(runtime: str, precision: str, device: str, batch: int, latencies: list[float], stream_s: float,
-        n_utts: int, audio_s: float, rounds: int) -> dict:
-    """Latency from the per-batch calls; throughput and RTF from the whole-set calls (``rounds`` of them,
-    ``stream_s`` seconds in all)."""
-    return {"runtime": runtime, "label": LABELS[runtime], "precision": precision, "device": device,
-            "batch": batch, "utterances": n_utts * rounds, "seconds": round(stream_s, 4),
-            "latency_ms": {"p50": round(1000 * float(np.percentile(latencies, 50)), 2),
-                           "p95": round(1000 * float(np.percentile(latencies, 95)), 2)},
-            "utt_per_s": round(n_utts * rounds / stream_s, 2), "rtf": round(stream_s / (audio_s * rounds), 5)}
-
-
-def run_benchmark(export_dir: Path, model_dir: Path, utts: list[dict], audio_s: float, batch_sizes: list[int],
-                  devices: list[str], threads: int, repeats: int) -> dict:
-    family = export_family(export_dir)
-    rows, notes = [], []
-    for device in devices:
-        loaded, skipped = runners(export_dir, model_dir, family, device, threads)
-        notes += skipped
-        progress = Progress(f"benchmark {device}", len(batch_sizes), unit="batch size", logger=log)
-        for batch in batch_sizes:
-            reference = None
-            per_batch = measure(loaded, utts, batch, repeats)
-            rounds = STREAM_ROUNDS * repeats
-            stream = measure_stream(loaded, utts, batch, rounds)
-            for (name, precision, _), (latencies, texts), stream_s in zip(loaded, per_batch, stream,
-                                                                          strict=True):
-                r = row(name, precision, device, batch, latencies, stream_s, len(utts), audio_s, rounds)
-                if name == "pytorch":
-                    reference = texts
-                r["same_text_as_pytorch"] = (None if reference is None else
-                                             round(sum(a == b for a, b in zip(texts, reference, strict=True))
-                                                   / len(texts), 4))
-                rows.append(r)
-                log.info("%-11s %s %s batch %2d: p50 %.1f ms, p95 %.1f ms, %.1f utt/s, RTF %.4f", name,
-                         precision, device, batch, r["latency_ms"]["p50"], r["latency_ms"]["p95"],
-                         r["utt_per_s"], r["rtf"])
-            progress.update()
-        progress.close()
-    for r in rows:
-        base = next((p for p in rows if p["runtime"] == "pytorch" and p["device"] == r["device"]
-                     and p["batch"] == r["batch"]), None)
-        r["speedup_vs_pytorch"] = round(r["utt_per_s"] / base["utt_per_s"], 2) if base else None
-    return {"family": family, "rows": rows, "targets": targets(rows), "notes": notes}
-
-
-def targets(rows: list[dict]) -> list[dict]:
-    """The issue's two CPU targets, as ratios measured in this run (None where a row is missing)."""
-    out = []
-    for t in TARGETS:
-        ours = next((r for r in rows if r["device"] == "cpu" and r["batch"] == t["batch"]
-                     and r["runtime"] == t["runtime"] and r["precision"] == t["precision"]), None)
-        ratio = ours["speedup_vs_pytorch"] if ours else None
-        out.append({**t, "ratio": ratio, "ok": None if ratio is None else ratio >= t["min_ratio"]})
-    return out
-
-
-def verdict(t: dict) -> str:
-    return "n/a (row not run)" if t["ok"] is None else "ok" if t["ok"] else "MISSED"
-
-
-def markdown(report: dict) -> str:
-    """benchmark.md: the table, the target ratios with verdicts, and what the figures were measured on."""
-    m = report["machine"]
-    # A load above the core count means other processes shared the CPU while this ran.
-    loaded = (" (measured under load from other processes: absolute figures are pessimistic, ratios less "
-              "affected)" if max(m["load_before"][0], m["load_after"][0]) > m["cores_available"] else "")
-    lines = [f"# Runtime benchmark: {report['tag']} ({report['family']})", "",
-             f"{report['utterances']} utterances of `{report['data_jsonl']}` "
-             f"({report['audio_seconds']:.1f} s of audio), end to end from audio file to text; "
-             f"{report['threads']} threads per runtime on {m['cores_available']} available cores "
-             f"({m['cpu']}); 1-minute load average {m['load_before'][0]:.2f} before, "
-             f"{m['load_after'][0]:.2f} after{loaded}. "
-             "Latency is per call with one batch of the given size; throughput (utt/s) and RTF are of "
-             "calls with the whole set, transcribed that many at a time (a transcription job); x PyTorch is "
-             "throughput over AutoModel's at the same batch and device; same text is the fraction of "
-             "transcripts identical to AutoModel's.", "",
-             "| runtime | precision | device | batch | p50 ms | p95 ms | utt/s | RTF | x PyTorch "
-             "| same text |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in report["rows"]:
-        same = "n/a" if r["same_text_as_pytorch"] is None else f"{100 * r['same_text_as_pytorch']:.1f}%"
-        x = "n/a" if r["speedup_vs_pytorch"] is None else f"{r['speedup_vs_pytorch']:.2f}"
-        name = r["label"] if r["runtime"] != "funasr_onnx" else f"funasr-onnx ({report['funasr_onnx']})"
-        lat = r["latency_ms"]
-        lines.append(f"| {name} | {r['precision']} | {r['device']} | {r['batch']} | {lat['p50']:.1f} "
-                     f"| {lat['p95']:.1f} | {r['utt_per_s']:.1f} | {r['rtf']:.4f} | {x} | {same} |")
-    lines += ["", "Targets (CPU, this run):", ""]
-    for t in report["targets"]:
-        ratio = "n/a" if t["ratio"] is None else f"{t['ratio']:.2f}x"
-        lines.append(f"- ours {t['precision']} vs AutoModel.generate at batch {t['batch']}: {ratio} "
-                     f"(target >= {t['min_ratio']}x): **{verdict(t)}**")
-    lines += [f"- note: {n}" for n in report["notes"]]
-    return "\n".join(lines) + "\n"
-
-
-def _versions() -> dict[str, str]:
-    return {p: version(p) for p in ("torch", "funasr", "onnxruntime", "funasr-onnx")}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -314,9 +44,9 @@ def run(args: argparse.Namespace) -> int:
         devices.append("cuda")
     inputs = [export_dir / "model.onnx", export_dir / "model_quant.onnx", model_dir / "model.pt",
               args.data_jsonl]
-    fp = files_fingerprint(inputs, args.max_utts, args.threads, args.batch_sizes, args.repeats, devices)
+    fp = fingerprint(args.max_utts, args.threads, args.batch_sizes, args.repeats, devices, files=inputs)
     done = args.exp_dir / ".benchmark.done"
-    if marker_matches(done, fp) and (args.exp_dir / "benchmark.json").is_file():
+    if is_done(done, fp) and (args.exp_dir / "benchmark.json").is_file():
         log.info("%s: benchmark is done for these inputs; skipping", args.exp_dir / "benchmark.md")
         return 0
     done.unlink(missing_ok=True)
@@ -329,23 +59,22 @@ def run(args: argparse.Namespace) -> int:
               "model_dir": str(model_dir), "data_jsonl": str(args.data_jsonl), "utterances": len(utts),
               "audio_seconds": round(audio_s, 3), "threads": args.threads, "repeats": args.repeats,
               "batch_sizes": args.batch_sizes, "devices": devices,
-              "funasr_onnx": ("local.conformer_ctc_onnx" if family == "ConformerCTC"
-                              else f"funasr_onnx.{family}"),
-              "machine": {"cpu": _cpu_name(), "cores_available": available_cores(), "cores": os.cpu_count(),
+              "funasr_onnx": f"funasr_onnx.{family}" if family != "ConformerCTC" else None,
+              "machine": {"cpu": cpu_name(), "cores_available": available_cores(), "cores": os.cpu_count(),
                           "load_before": [round(x, 2) for x in load_before],
                           "load_after": [round(x, 2) for x in os.getloadavg()],
                           "gpu": torch.cuda.get_device_name(0) if "cuda" in devices else None},
-              "versions": _versions(), **report}
+              "versions": versions("torch", "funasr", "onnxruntime", "funasr-onnx"), **report}
     (args.exp_dir / "benchmark.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     text = markdown(report)
     (args.exp_dir / "benchmark.md").write_text(text, encoding="utf-8")
     sys.stderr.write(text)
-    done.write_text(fp + "\n", encoding="utf-8")
+    mark_done(done, fp)
     missed = [t["name"] for t in report["targets"] if t["ok"] is False]
     if missed:
         log.warning("targets MISSED in this run: %s (see %s)", ", ".join(missed),
                     args.exp_dir / "benchmark.md")
-    return 1 if missed and args.strict else 0
+    return EXIT_FAILURE if missed and args.strict else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args.max_utts = args.max_utts or None
     log.info("Stage 5: runtime benchmark: %s + %s -> %s", args.exp_dir / "export", args.data_jsonl,
              args.exp_dir / "benchmark.md")
-    return run_stage(run, args)
+    return run_main(lambda: run(args), log)
 
 
 if __name__ == "__main__":

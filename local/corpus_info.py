@@ -1,37 +1,44 @@
-"""Print a field of data/corpus.json for run.sh (lists space-separated).
+"""Print fields of data/corpus.json for run.sh: one line per field asked for, lists space-separated.
 
-Reads <data-dir>/corpus.json (written by the corpus recipe in stage 0); writes the value to stdout.
+Reads <data-dir>/corpus.json (written by the corpus recipe in stage 0); writes the values to stdout.
 
   python -m local.corpus_info --data-dir data sets
+  python -m local.corpus_info --data-dir data language emotion event itn   # four lines
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from recipes.common import read_corpus_info
+from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.log import setup_logging
+from funasr_recipe.data.corpus import read_corpus_info
+
+log = logging.getLogger(__name__)
+
+
+def field_value(data_dir: Path, field: str) -> str:
+    """The field as run.sh reads it: a list space-separated."""
+    info = asdict(read_corpus_info(data_dir))
+    if field not in info:
+        raise ValueError(f"{data_dir / 'corpus.json'} has no field {field!r}; fields: {', '.join(info)}")
+    value = info[field]
+    return " ".join(value) if isinstance(value, list) else str(value)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, required=True)
-    parser.add_argument("field", help="a field of corpus.json, e.g. sets, train_set, test_sets, language")
+    parser.add_argument("fields", nargs="+",
+                        help="fields of corpus.json, e.g. sets, train_set, test_sets, language")
     args = parser.parse_args(argv)
-    path = args.data_dir / "corpus.json"
-    if not path.is_file():
-        print(f"{path} is missing: run stage 0 first (./run.sh --stage 0 --stop-stage 0)", file=sys.stderr)
-        return 1
-    info = asdict(read_corpus_info(args.data_dir))
-    if args.field not in info:
-        print(f"{path} has no field {args.field!r}; fields: {', '.join(info)}", file=sys.stderr)
-        return 1
-    value = info[args.field]
-    print(" ".join(value) if isinstance(value, list) else value)
-    return 0
+    setup_logging()
+    return run_main(lambda: print("\n".join(field_value(args.data_dir, f) for f in args.fields)), log)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
-"""Training curves from funasr's training log: loss, learning rate, accuracy; during or after training.
+"""Stage 2: training curves from funasr's training log, during or after training
+(funasr_recipe/reports/curves.py).
 
 Reads  exp/<tag>/train.log (the trainer's log lines, as run.sh tees them; rank 0's lines are used);
 writes <out>.png (train loss per logged step with validation loss per epoch, learning rate, accuracy)
-and <out>.tsv (the parsed points), so a run can be watched while it trains and compared afterwards.
+and <out>.tsv (the parsed points).
 
   python -m local.plot_training exp/tiny_sensevoice/train.log --out exp/tiny_sensevoice/curves
 """
@@ -11,89 +12,30 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from local.log_utils import setup_logging
+from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.log import setup_logging
+from funasr_recipe.reports.curves import parse_log, plot
 
 log = logging.getLogger(__name__)
 
-# funasr 1.4.16 trainer_ds.Trainer.log and train_ds.main, e.g.
-#   train, rank: 0, epoch: 1/2, ... total step: 40, (loss_avg_rank: 41.498), ... (acc_avg_slice: 0.000),
-#   (lr: 2.733e-04), [('loss_ctc', 34.031), ('acc_rich', 0.0)], ...
-#   Validate epoch: 2, rank: 0      ...      current_val: 43.627, best_val_loss: 67.25
-# An epoch that does not improve logs no current_val but "No improvement in loss: 4.3196 > 4.0236".
-NUM = r"([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|nan|inf)"
-TRAIN = re.compile(rf"train, rank: 0, epoch: (\d+)/\d+, .*?total step: (\d+), \(loss_avg_rank: {NUM}\), "
-                   rf".*?\(acc_avg_slice: {NUM}\), \(lr: {NUM}\), \[(.*?)\]")
-STAT = re.compile(rf"\('(\w+)', {NUM}\)")
-VALIDATE = re.compile(r"Validate epoch: (\d+), rank: 0\b")
-VAL_LOSS = re.compile(rf"\[node\d+ rank0\].*(?:current_val: |No improvement in loss: ){NUM}")
 
-
-@dataclass
-class Curves:
-    step: list[int] = field(default_factory=list)
-    loss: list[float] = field(default_factory=list)
-    lr: list[float] = field(default_factory=list)
-    acc: list[float] = field(default_factory=list)  # funasr's acc, or SenseVoice's acc_rich
-    val_epoch: list[int] = field(default_factory=list)
-    val_step: list[int] = field(default_factory=list)
-    val_loss: list[float] = field(default_factory=list)
-
-
-def parse_log(path: Path) -> Curves:
-    """Points of rank 0 from a (possibly still growing) funasr training log."""
-    curves, epoch = Curves(), None
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if m := TRAIN.search(line):
-                stats = {k: float(v) for k, v in STAT.findall(m.group(6))}
-                curves.step.append(int(m.group(2)))
-                curves.loss.append(float(m.group(3)))
-                curves.lr.append(float(m.group(5)))
-                curves.acc.append(stats.get("acc", stats.get("acc_rich", float(m.group(4)))))
-            elif m := VALIDATE.search(line):
-                epoch = int(m.group(1))
-            elif (m := VAL_LOSS.search(line)) and epoch is not None:
-                curves.val_epoch.append(epoch)
-                curves.val_step.append(curves.step[-1] if curves.step else 0)
-                curves.val_loss.append(float(m.group(1)))
-                epoch = None
-    return curves
-
-
-def plot(curves: Curves, out: Path, title: str) -> None:
-    """Write ``out``.png (three panels) and ``out``.tsv."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: works on a node without a display
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
-    axes[0].plot(curves.step, curves.loss, label="train (rank 0)", lw=1)
-    axes[0].plot(curves.val_step, curves.val_loss, "o-", label="validation (epoch end)")
-    axes[0].set_ylabel("loss")
-    axes[0].legend()
-    axes[1].plot(curves.step, curves.lr)
-    axes[1].set_ylabel("learning rate")
-    axes[2].plot(curves.step, curves.acc)
-    axes[2].set_ylabel("accuracy (train)")
-    axes[2].set_xlabel("optimizer step")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=100)
-    plt.close(fig)
-    with open(out.with_suffix(".tsv"), "w", encoding="utf-8") as f:
-        f.write("kind\tstep\tepoch\tloss\tlr\tacc\n")
-        for s, loss, lr, acc in zip(curves.step, curves.loss, curves.lr, curves.acc, strict=True):
-            f.write(f"train\t{s}\t\t{loss}\t{lr}\t{acc}\n")
-        for s, e, loss in zip(curves.val_step, curves.val_epoch, curves.val_loss, strict=True):
-            f.write(f"valid\t{s}\t{e}\t{loss}\t\t\n")
+def run(args: argparse.Namespace) -> None:
+    if not args.log.is_file():
+        raise FileNotFoundError(f"no training log at {args.log}")
+    curves = parse_log(args.log)
+    if not curves.step and not curves.val_loss:
+        raise ValueError(f"{args.log} has no training or validation lines of rank 0 yet")
+    if not curves.step:
+        log.warning("%s: no training lines of rank 0 (train_conf.log_interval is larger than the steps "
+                    "so far); plotting the validation loss only", args.log)
+    out = args.out or args.log.parent / "curves"
+    plot(curves, out, f"{args.log.parent.name}: {len(curves.step)} logged steps, "
+                      f"{len(curves.val_loss)} validations")
+    log.info("%s: %d train points, validation loss by epoch %s -> %s.png", args.log, len(curves.step),
+             [round(v, 3) for v in curves.val_loss], out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,22 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="output path without suffix (default: <log dir>/curves)")
     args = parser.parse_args(argv)
     setup_logging()
-    if not args.log.is_file():
-        log.error("no training log at %s", args.log)
-        return 1
-    curves = parse_log(args.log)
-    if not curves.step and not curves.val_loss:
-        log.error("%s has no training or validation lines of rank 0 yet", args.log)
-        return 1
-    if not curves.step:
-        log.warning("%s: no training lines of rank 0 (train_conf.log_interval is larger than the steps "
-                    "so far); plotting the validation loss only", args.log)
-    out = args.out or args.log.parent / "curves"
-    plot(curves, out, f"{args.log.parent.name}: {len(curves.step)} logged steps, "
-                      f"{len(curves.val_loss)} validations")
-    log.info("%s: %d train points, validation loss by epoch %s -> %s.png", args.log, len(curves.step),
-             [round(v, 3) for v in curves.val_loss], out)
-    return 0
+    return run_main(lambda: run(args), log)
 
 
 if __name__ == "__main__":

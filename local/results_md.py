@@ -1,13 +1,8 @@
-"""Collect the scores of an experiment into RESULTS.md, in the style of ESPnet's.
+"""Stage 3's summary: every scored decode dir of an experiment in one RESULTS.md, ESPnet style
+(funasr_recipe/scoring/results_md.py).
 
-Reads  <exp-dir>/decode_*/result.json (local/score.py: decode_<set> for the trained model,
-       decode_<set>_pretrained for the model before fine-tuning);
-writes <exp-dir>/RESULTS.md (or --out): a header (config tag, date, versions), one table row per
-       (model, set) with CER, WER, the primary error rate and its S/D/I, tag accuracies and RTF, then
-       a per-language table for each set that has more than one language.
-
-Rows are sorted by set, and within a set the pretrained model comes first, so the effect of
-fine-tuning reads off two adjacent rows.
+Reads  <exp-dir>/decode_*/result.json (local/score.py);
+writes <exp-dir>/RESULTS.md (or --out).
 
   python -m local.results_md --exp-dir exp/sensevoice_small
 """
@@ -15,133 +10,15 @@ fine-tuning reads off two adjacent rows.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import logging
-import platform
 import sys
-from importlib import metadata
 from pathlib import Path
 
-from local.log_utils import setup_logging
+from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.log import setup_logging
+from funasr_recipe.scoring.results_md import write_results_md
 
 log = logging.getLogger(__name__)
-
-TAG_KINDS = ("language", "emotion", "event")
-
-
-def _version(package: str) -> str:
-    # Package metadata rather than imports: importing torch only to print its version takes seconds.
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "-"
-
-
-def load_results(exp_dir: Path) -> list[tuple[Path, dict]]:
-    """(decode dir, result.json) of every scored decode dir, sorted by set, pretrained model first."""
-    found = []
-    for path in sorted(exp_dir.glob("decode_*/result.json")):
-        try:
-            res = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
-        missing = [k for k in ("set", "model", "utterances", "cer", "wer", "primary") if k not in res]
-        if missing:
-            raise ValueError(f"{path}: no {', '.join(missing)}; was it written by local/score.py?")
-        found.append((path.parent, res))
-    return sorted(found, key=lambda dr: (str(dr[1]["set"]), not is_pretrained(dr[0], dr[1]),
-                                         str(dr[1]["model"])))
-
-
-def is_pretrained(decode_dir: Path, res: dict) -> bool:
-    """The decode dir of the model before fine-tuning (decode_<set>_pretrained)."""
-    return decode_dir.name.endswith("_pretrained") or res.get("model") == "pretrained"
-
-
-def _pct(rate: float | None) -> str:
-    return "-" if rate is None else f"{100 * rate:.2f}"
-
-
-def _sdi(c: dict) -> str:
-    return f"{c['sub']}/{c['del']}/{c['ins']}"
-
-
-def _acc(res: dict, kind: str) -> str:
-    t = (res.get("tag_accuracy") or {}).get(kind)
-    return "-" if not t or t.get("accuracy") is None else _pct(t["accuracy"])
-
-
-def _rtf(res: dict) -> str:
-    return "-" if res.get("rtf") is None else f"{res['rtf']:.4f}"
-
-
-def main_table(results: list[tuple[Path, dict]]) -> list[str]:
-    lines = ["| model | set | utts | CER % | WER % | primary % | S/D/I (primary) | language acc % "
-             "| emotion acc % | event acc % | RTF |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for _, r in results:
-        accs = " | ".join(_acc(r, k) for k in TAG_KINDS)
-        lines.append(f"| {r['model']} | {r['set']} | {r['utterances']} | {_pct(r['cer']['rate'])} "
-                     f"| {_pct(r['wer']['rate'])} | {_pct(r['primary']['rate'])} | {_sdi(r['primary'])} "
-                     f"| {accs} | {_rtf(r)} |")
-    return lines
-
-
-def language_tables(results: list[tuple[Path, dict]]) -> list[str]:
-    """A per-language table for each set with more than one language."""
-    lines: list[str] = []
-    for set_name in dict.fromkeys(r["set"] for _, r in results):
-        rows = [r for _, r in results if r["set"] == set_name]
-        langs = sorted({lang for r in rows for lang in r.get("per_language") or {}})
-        if len(langs) < 2:
-            continue
-        lines += ["", f"### {set_name}: per language", "",
-                  "| language | model | utts | unit | error % | S/D/I |", "|---|---|---:|---|---:|---:|"]
-        for lang in langs:
-            for r in rows:
-                c = (r.get("per_language") or {}).get(lang)
-                if c:
-                    lines.append(f"| {lang} | {r['model']} | {c['utterances']} | {c['unit']} "
-                                 f"| {_pct(c['rate'])} | {_sdi(c)} |")
-    return lines
-
-
-def notes(results: list[tuple[Path, dict]]) -> list[str]:
-    """Decode dirs whose hypotheses were missing or empty: their rates count them as deletions."""
-    out = []
-    for decode_dir, r in results:
-        missing, empty = len(r.get("missing_hyp") or []), len(r.get("empty_hyp") or [])
-        if missing or empty:
-            out.append(f"- {decode_dir.name}: {missing} missing and {empty} empty hypotheses, scored as "
-                       f"deletions (keys in {decode_dir.name}/result.txt)")
-    return ["", *out] if out else []
-
-
-def render(exp_dir: Path, results: list[tuple[Path, dict]], now: datetime.datetime | None = None) -> str:
-    now = now or datetime.datetime.now()
-    env = (f"python {platform.python_version()}, torch {_version('torch')}, "
-           f"funasr {_version('funasr')}, {platform.system()} {platform.machine()}")
-    lines = [f"# RESULTS: {exp_dir.name}", "",
-             f"- config tag: {exp_dir.name}",
-             f"- date: {now:%Y-%m-%d %H:%M:%S}",
-             f"- environment: {env}",
-             "- error rates in % after text normalisation (local/error_rate.py): CER over characters, "
-             "WER over words, primary with each utterance in its language's unit (characters for "
-             "zh/yue/ja, words for en/ko, CJK characters and words otherwise); S/D/I: substitutions, "
-             "deletions, insertions of the primary unit",
-             "- tag accuracy over the utterances whose reference and emitted tags are both known",
-             "", "## Error rates", "", *main_table(results), *notes(results), *language_tables(results)]
-    return "\n".join(lines) + "\n"
-
-
-def write_results_md(exp_dir: Path, out: Path) -> Path:
-    """Write RESULTS.md for every scored decode dir of exp_dir to out; returns out."""
-    results = load_results(exp_dir)
-    if not results:
-        raise FileNotFoundError(f"no {exp_dir}/decode_*/result.json: run local/score.py first")
-    out.write_text(render(exp_dir, results), encoding="utf-8")
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,13 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="output file (default: <exp-dir>/RESULTS.md)")
     args = parser.parse_args(argv)
     setup_logging()
-    try:
-        out = write_results_md(args.exp_dir, args.out or args.exp_dir / "RESULTS.md")
-    except (FileNotFoundError, ValueError) as e:
-        log.error("%s", e)
-        return 1
-    log.info("wrote %s", out)
-    return 0
+    return run_main(lambda: log.info("wrote %s", write_results_md(args.exp_dir, args.out
+                                                                 or args.exp_dir / "RESULTS.md")), log)
 
 
 if __name__ == "__main__":

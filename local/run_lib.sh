@@ -1,62 +1,64 @@
-# Helpers of run.sh's stage bodies (sourced by run.sh after option parsing: they read its variables
-# node_rank, nnodes, exp_dir, stop_stage, wait_timeout, config, pretrained_dir, hydra_overrides,
-# replay_args). Kept apart so that run.sh holds the options and the stages.
+# Helpers of run.sh's stage bodies, sourced by run.sh after option parsing and path.sh. Every input is
+# an argument; the one thing they take from run.sh is its log() (which stamps the node).
+# shellcheck shell=bash
 
-# A marker holds a fingerprint of what produced it: a rerun with other inputs redoes the work,
-# and a node waiting on node 0 does not mistake an old run's marker for this one's.
-fingerprint() { printf '%s\n' "$@" | sha256sum | cut -c1-16; }
-is_done() { [ -f "$1" ] && [ "$(head -n1 "$1")" = "$2" ]; }
-mark_done() { printf '%s\n%s\n' "$2" "$(date '+%Y-%m-%dT%H:%M:%S') node${node_rank}" > "$1.tmp" && mv "$1.tmp" "$1"; }
-wait_for_node0() {  # marker fingerprint what
-  local waited=0
-  until is_done "$1" "$2"; do
-    if [ ${waited} -ge "${wait_timeout}" ]; then
-      log "ERROR: waited ${wait_timeout}s for node 0 to finish $3 (${1} with fingerprint $2)."
-      log "Is node 0 running the same command, and is $(dirname "$1") on a filesystem all nodes share?"
-      exit 1
-    fi
-    if [ $((waited % 60)) -eq 0 ]; then
-      log "waiting for node 0 to finish $3 (${waited}s of ${wait_timeout}s)"
-      [ -f "$1" ] && log "NOTE: $1 is there with fingerprint $(head -n1 "$1"), this node expects $2:" \
-        "an earlier run, or node 0 was started with other options"
-    fi
-    sleep 5; waited=$((waited + 5))
-  done
+# --- markers: the one marker system (funasr_recipe/dist/markers.py), also used by the Python stages.
+# A marker's first line is the fingerprint of what produced the work: a rerun with other inputs redoes
+# it, and a node waiting on node 0 does not mistake an old run's marker for this one's.
+fingerprint() {  # [--contents FILE...] [--files FILE...] [--markers MARKER...] -- PART...: prints it
+  python -m local.marker fingerprint "$@"
 }
-write_replay() {  # stage: a script in the exp dir that resumes from this stage with the same arguments
-  local q; q=$(printf ' %q' "${replay_args[@]}" --stage "$1" --stop-stage "${stop_stage}")
-  [ ${#hydra_overrides[@]} -gt 0 ] && q+=" --"$(printf ' %q' "${hydra_overrides[@]}")
-  printf '#!/usr/bin/env bash\n# Written by run.sh when stage %s started on %s; resumes from there.\ncd %q && ./run.sh%s "$@"\n' \
-    "$1" "$(date '+%Y-%m-%dT%H:%M:%S')" "$(pwd)" "${q}" > "${exp_dir}/replay.sh"
-  chmod +x "${exp_dir}/replay.sh"
+is_done() {  # marker fingerprint: true if the work is finished and current
+  python -m local.marker check "$1" "$2"
 }
-wait_for_nodes() {  # dir fingerprint: every node checks in under the shared dir; names the ones missing
-  local dir=$1/.nodes waited=0 missing n
-  mkdir -p "${dir}"
-  echo "$2 $(hostname)" > "${dir}/node${node_rank}"
-  # shellcheck disable=SC2064  # expand now: ${dir} is local, gone by the time the trap runs
-  trap "rm -f $(printf %q "${dir}/node${node_rank}")" EXIT
-  while :; do
-    missing=""
-    for ((n = 0; n < nnodes; n++)); do
-      [ "$(cut -d' ' -f1 "${dir}/node${n}" 2>/dev/null)" = "$2" ] || missing+=" ${n}"
-    done
-    [ -z "${missing}" ] && return 0
-    if [ ${waited} -ge "${wait_timeout}" ]; then
-      log "ERROR: after ${wait_timeout}s node(s)${missing} of ${nnodes} have not arrived in ${dir}."
-      log "Start the same command on them (--node-rank${missing}); if they are running, ${1} is not on a" \
-        "filesystem they share with this node."
-      exit 1
-    fi
-    [ $((waited % 60)) -eq 0 ] && log "waiting for node(s)${missing} to start stage 2 (${waited}s of ${wait_timeout}s)"
-    sleep 2; waited=$((waited + 2))
-  done
+mark_done() {  # marker fingerprint
+  python -m local.marker write "$1" "$2"
 }
-run_node_procs() {  # n log_prefix command...: n processes of this node, RANK = node_rank * n + i
-  local n=$1 prefix=$2 i rank failed=0 pids=()
+wait_for_node0() {  # marker fingerprint what timeout: block until node 0 has written the marker
+  python -m local.marker wait "$1" "$2" --what "$3" --timeout "$4" || exit 1
+}
+wait_for_nodes() {  # exp_dir fingerprint node_rank nnodes timeout: every node checks in under exp_dir/.nodes
+  local nodes=$1/.nodes
+  # A node's check-in is only for this run: gone when run.sh exits, so that a later run does not count
+  # a node that is no longer there. Expanded now: the variables are local.
+  # shellcheck disable=SC2064
+  trap "rm -f $(printf %q "${nodes}/node$3")" EXIT
+  python -m local.marker check-in "${nodes}" "$2" --node-rank "$3" --nnodes "$4" --timeout "$5" || exit 1
+}
+
+# --- stage 0 (and stage 3's --decode-dir): validation of one Kaldi data dir --------------------------
+set_fingerprint() {  # kaldi_dir data_dir part...: its tables' bytes, the corpus's declared tags, the parts
+  local dir=$1 data_dir=$2 declared
   shift 2
+  declared=$(python -m local.corpus_info --data-dir "${data_dir}" language emotion event itn)
+  fingerprint --contents "${dir}"/{wav.scp,text,utt2spk,utt2lang,utt2emo,utt2event} -- "$@" "${declared}"
+}
+validate_set() {  # set_dir data_dir fingerprint prepare_data_option...: data.jsonl of one set, unless current
+  local set_dir=$1 data_dir=$2 fp=$3 name declared
+  shift 3
+  if is_done "${set_dir}/.done" "${fp}"; then log "${set_dir} is validated; skipping"; return 0; fi
+  name=$(basename "${set_dir}")
+  mapfile -t declared < <(python -m local.corpus_info --data-dir "${data_dir}" language emotion event itn)
+  log "validating ${set_dir}: log in ${data_dir}/log/prepare_${name}.log"
+  python -m local.prepare_data --set-dir "${set_dir}" --language "${declared[0]}" --emotion "${declared[1]}" \
+    --event "${declared[2]}" --itn "${declared[3]}" "$@" 2>&1 | tee "${data_dir}/log/prepare_${name}.log" >&2
+  mark_done "${set_dir}/.done" "${fp}"
+}
+copy_kaldi_dir() {  # src dst: the Kaldi tables of src into dst, rewriting only those that differ
+  local f
+  mkdir -p "$2"
+  for f in wav.scp text utt2spk spk2utt utt2lang utt2emo utt2event; do
+    if [ -f "$1/${f}" ]; then cmp -s "$1/${f}" "$2/${f}" || cp "$1/${f}" "$2/${f}"
+    else rm -f "$2/${f}"; fi
+  done
+}
+
+# --- processes and launches -------------------------------------------------------------------------
+run_node_procs() {  # n node_rank log_prefix command...: n processes of this node, RANK = node_rank * n + i
+  local n=$1 node=$2 prefix=$3 i rank failed=0 pids=()
+  shift 3
   for ((i = 0; i < n; i++)); do
-    rank=$((node_rank * n + i))
+    rank=$((node * n + i))
     # The first process of the node also shows its progress on the terminal.
     if [ "${i}" -eq 0 ]; then RANK=${rank} LOCAL_RANK=${i} "$@" > >(tee "${prefix}.${rank}.log" >&2) 2>&1 &
     else RANK=${rank} LOCAL_RANK=${i} "$@" > "${prefix}.${rank}.log" 2>&1 & fi
@@ -68,7 +70,27 @@ run_node_procs() {  # n log_prefix command...: n processes of this node, RANK = 
     log "ERROR: a process failed; see ${prefix}.*.log"; return 1
   fi
 }
-resolve_pretrained() {  # prints the local dir of the config's pretrained model (empty: none)
-  python -m local.resolve_model --config "${config}" ${pretrained_dir:+--pretrained-dir "${pretrained_dir}"} \
-    -- "${hydra_overrides[@]}" || { log "ERROR: no pretrained model for ${config} (see above)"; return 1; }
+resolve_pretrained() {  # config pretrained_dir hydra_override...: prints the local dir of the config's
+  # pretrained model (empty: it trains from scratch)
+  local config=$1 dir=$2
+  shift 2
+  python -m local.resolve_model --config "${config}" ${dir:+--pretrained-dir "${dir}"} -- "$@" \
+    || { log "ERROR: no pretrained model for ${config} (see above)"; return 1; }
+}
+write_replay() {  # exp_dir stage stop_stage n_args arg... hydra_override...: exp_dir/replay.sh resumes
+  # from this stage with the same options. Node options are not in it (they are the same on every node
+  # but for --node-rank, which each node gives again or takes from NODE_RANK/SLURM_NODEID), so every
+  # node writes the same script; options given to it go before the trainer's overrides.
+  local exp_dir=$1 stage=$2 stop=$3 n=$4 opts overrides=""
+  shift 4
+  opts=$(printf ' %q' "${@:1:n}" --stage "${stage}" --stop-stage "${stop}")
+  [ $# -gt "${n}" ] && overrides=" --"$(printf ' %q' "${@:n+1}")
+  {
+    echo "#!/usr/bin/env bash"
+    echo "# Written by run.sh when stage ${stage} started on $(date '+%Y-%m-%dT%H:%M:%S'); resumes from there."
+    echo "# On a multi-node job each node adds its own --node-rank (or sets NODE_RANK): replay.sh --node-rank 1"
+    printf 'cd %q && ./run.sh%s "$@"%s\n' "$(pwd)" "${opts}" "${overrides}"
+  } > "${exp_dir}/.replay.sh.$$"
+  chmod +x "${exp_dir}/.replay.sh.$$"
+  mv "${exp_dir}/.replay.sh.$$" "${exp_dir}/replay.sh"
 }

@@ -1,23 +1,8 @@
-"""Score one decode dir: CER, WER and per-language error rates, tag accuracy, alignments.
+"""Stage 3: score one decode dir (funasr_recipe/scoring/score.py): CER, WER, per-language error rates,
+tag accuracy, alignments.
 
-Reads  <dir>/ref.txt        Kaldi text ``key reference``, one line per utterance of the set;
-       <dir>/hyp.txt        ``key hypothesis`` (tags stripped); a key may be missing (failed decode)
-                            or stand alone (empty hypothesis): both score as all-deletions, and are
-                            listed, unlike funasr's scorer, which skips keys it has no hypothesis for;
-       <dir>/ref_tags.tsv   optional, ``key language emotion event``: the language picks each
-                            utterance's unit (local/error_rate.py) and the per-language rows;
-       <dir>/hyp_tags.tsv   optional (SenseVoice), the tags the model emitted, for tag accuracy;
-       <dir>/decode.json    optional: model, set, audio/decode seconds, RTF, processes, device.
-Writes <dir>/per_utt.txt    every reference utterance, sorted by key: counts and the aligned
-                            REF/HYP/EVAL lines in sclite's style (*** for the missing side);
-       <dir>/result.txt     the summary for people; <dir>/result.json the same figures for programs
-                            (rates are fractions; local/results_md.py collects them into RESULTS.md).
-
-Three error rates over the same utterances: CER (characters), WER (words) and "primary", each
-utterance in its language's unit (characters for zh/yue/ja, words for en/ko, CJK characters plus
-words for unknown or mixed-script text). Texts are normalised first (local/error_rate.py says how).
-Tag accuracy counts utterances where both sides are known: an empty cell, a missing hypothesis, or a
-reference of EMO_UNKNOWN/Event_UNK (annotators did not know either) leaves an utterance out.
+Reads  <dir>/{ref.txt,hyp.txt[,ref_tags.tsv,hyp_tags.tsv,decode.json]} (local/decode.py merge);
+writes <dir>/{per_utt.txt,result.txt,result.json}.
 
   python -m local.score --dir exp/sensevoice_small/decode_dev
 """
@@ -25,300 +10,28 @@ reference of EMO_UNKNOWN/Event_UNK (annotators did not know either) leaves an ut
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-import unicodedata
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from local.error_rate import Counts, align, count, normalize, tokens, unit_for
-from local.kaldi_text import parse_line
-from local.log_utils import setup_logging
+from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.fmt import pct
+from funasr_recipe.core.log import setup_logging
+from funasr_recipe.scoring.score import score_dir
 
 log = logging.getLogger(__name__)
 
-TAG_KINDS = ("language", "emotion", "event")
-UNKNOWN_TAGS = frozenset({"emo_unknown", "event_unk"})  # a reference that says "unknown" is not known
-TOP_N = 20
-LIST_MAX = 50
 
-
-class ScoreInputError(ValueError):
-    """A malformed input file; the message names the file and line."""
-
-
-@dataclass
-class UttScore:
-    key: str
-    language: str | None
-    unit: str
-    status: str  # ok | missing | empty
-    primary: Counts
-    cer: Counts
-    wer: Counts
-    alignment: list[tuple[str, str | None, str | None]] = field(default_factory=list)
-
-
-def read_text(path: Path) -> dict[str, str]:
-    """``key text`` lines -> {key: text}; a key alone is an empty text."""
-    out: dict[str, str] = {}
-    first: dict[str, int] = {}
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            rec = parse_line(raw, lineno)
-            if rec is None:
-                continue
-            if rec.error == "non_utf8":
-                raise ScoreInputError(f"{path}:{lineno}: {rec.detail}")
-            if rec.key in out:
-                raise ScoreInputError(f"{path}:{lineno}: duplicate key {rec.key!r} "
-                                      f"(first on line {first[rec.key]})")
-            out[rec.key], first[rec.key] = rec.value, lineno
-    return out
-
-
-def _tag(value: str) -> str | None:
-    name = value.strip().removeprefix("<|").removesuffix("|>").strip()
-    return name or None
-
-
-def read_tags(path: Path) -> dict[str, dict[str, str | None]]:
-    """A tag TSV with a header naming its columns (``key`` first) -> {key: {column: value or None}}."""
-    out: dict[str, dict[str, str | None]] = {}
-    first: dict[str, int] = {}
-    with open(path, encoding="utf-8-sig", errors="strict") as f:
-        try:
-            lines = f.read().splitlines()
-        except UnicodeDecodeError as e:
-            raise ScoreInputError(f"{path}: not UTF-8 (byte {e.start})") from None
-    if not lines or lines[0].split("\t")[0].strip() != "key":
-        raise ScoreInputError(f"{path}:1: expected a header line 'key<TAB>language<TAB>...'")
-    header = [h.strip() for h in lines[0].split("\t")]
-    for lineno, line in enumerate(lines[1:], start=2):
-        if not line.strip():
-            continue
-        cells = line.split("\t")
-        if len(cells) != len(header):
-            raise ScoreInputError(f"{path}:{lineno}: {len(cells)} fields, the header has {len(header)}")
-        key = cells[0].strip()
-        if key in out:
-            raise ScoreInputError(f"{path}:{lineno}: duplicate key {key!r} (first on line {first[key]})")
-        out[key] = {h: _tag(c) for h, c in zip(header[1:], cells[1:], strict=True)}
-        first[key] = lineno
-    return out
-
-
-def read_decode_info(path: Path) -> dict:
-    """decode.json as a dict ({} when absent)."""
-    if not path.is_file():
-        return {}
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ScoreInputError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
-    if not isinstance(info, dict):
-        raise ScoreInputError(f"{path}:1: expected a JSON object")
-    return info
-
-
-def score_utterances(refs: dict[str, str], hyps: dict[str, str],
-                     ref_tags: dict[str, dict[str, str | None]]) -> list[UttScore]:
-    """One UttScore per reference key, sorted by key."""
-    scores = []
-    for key in sorted(refs):
-        ref = normalize(refs[key])
-        hyp = normalize(hyps.get(key, ""))
-        lang = (ref_tags.get(key) or {}).get("language")
-        unit = unit_for(lang, ref)
-        status = "missing" if key not in hyps else "empty" if not hyp else "ok"
-        by_unit = {u: align(tokens(ref, u), tokens(hyp, u)) for u in {"char", "word", unit}}
-        scores.append(UttScore(key, lang, unit, status, count(by_unit[unit]), count(by_unit["char"]),
-                               count(by_unit["word"]), by_unit[unit]))
-    return scores
-
-
-def tag_accuracy(keys: list[str], ref_tags: dict[str, dict[str, str | None]],
-                 hyp_tags: dict[str, dict[str, str | None]]) -> dict[str, dict]:
-    """Per tag kind: correct, total and accuracy over utterances whose tags both sides know."""
-    if not ref_tags or not hyp_tags:
-        return {}
-    out = {}
-    for kind in TAG_KINDS:
-        correct = total = 0
-        for key in keys:
-            ref = (ref_tags.get(key) or {}).get(kind)
-            hyp = (hyp_tags.get(key) or {}).get(kind)
-            if ref is None or hyp is None or ref.casefold() in UNKNOWN_TAGS:
-                continue
-            total += 1
-            correct += ref.casefold() == hyp.casefold()
-        out[kind] = {"accuracy": correct / total if total else None, "correct": correct, "total": total}
-    return out
-
-
-def top_errors(scores: list[UttScore]) -> dict[str, list]:
-    """The most frequent substitutions, insertions and deletions in the primary unit."""
-    sub: Counter = Counter()
-    ins: Counter = Counter()
-    dele: Counter = Counter()
-    for s in scores:
-        for op, r, h in s.alignment:
-            if op == "S":
-                sub[(r, h)] += 1
-            elif op == "I":
-                ins[h] += 1
-            elif op == "D":
-                dele[r] += 1
-    return {"substitutions": [[r, h, n] for (r, h), n in sub.most_common(TOP_N)],
-            "insertions": [[t, n] for t, n in ins.most_common(TOP_N)],
-            "deletions": [[t, n] for t, n in dele.most_common(TOP_N)]}
-
-
-def per_language(scores: list[UttScore]) -> dict[str, dict]:
-    """Primary-unit figures per reference language ("unknown" without one)."""
-    groups: dict[str, list[UttScore]] = {}
-    for s in scores:
-        groups.setdefault(s.language or "unknown", []).append(s)
-    out = {}
-    for lang in sorted(groups):
-        total = sum((s.primary for s in groups[lang]), Counts())
-        units = sorted({s.unit for s in groups[lang]})
-        out[lang] = {"utterances": len(groups[lang]), "unit": "+".join(units), **total.as_dict()}
-    return out
-
-
-def _total(scores: list[UttScore], attr: str) -> dict:
-    return sum((getattr(s, attr) for s in scores), Counts()).as_dict()
-
-
-def summarize(decode_dir: Path, scores: list[UttScore], hyps: dict[str, str], refs: dict[str, str],
-              ref_tags: dict, hyp_tags: dict, info: dict) -> dict:
-    """The figures of result.json."""
-    name = decode_dir.name.removeprefix("decode_")
-    pretrained = name.endswith("_pretrained")
-    rtf = info.get("rtf")
-    if rtf is None and info.get("audio_seconds") and info.get("decode_seconds") is not None:
-        rtf = info["decode_seconds"] / info["audio_seconds"]
-    return {
-        "set": info.get("set") or name.removesuffix("_pretrained"),
-        "model": info.get("model") or ("pretrained" if pretrained else decode_dir.parent.name),
-        "utterances": len(scores),
-        "cer": _total(scores, "cer"), "wer": _total(scores, "wer"), "primary": _total(scores, "primary"),
-        "per_language": per_language(scores),
-        "tag_accuracy": tag_accuracy([s.key for s in scores], ref_tags, hyp_tags),
-        "top_errors": top_errors(scores),
-        "missing_hyp": [s.key for s in scores if s.status == "missing"],
-        "empty_hyp": [s.key for s in scores if s.status == "empty"],
-        "extra_hyp": sorted(set(hyps) - set(refs)),
-        "rtf": rtf, "audio_seconds": info.get("audio_seconds"),
-        "decode_seconds": info.get("decode_seconds"), "processes": info.get("processes"),
-        "device": info.get("device"),
-    }
-
-
-def _width(token: str) -> int:
-    # East Asian wide characters take two columns in a terminal: count them so that columns line up.
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in token)
-
-
-def _pad(token: str, width: int) -> str:
-    return token + " " * (width - _width(token))
-
-
-def _pct(rate: float | None) -> str:
-    return "inf" if rate is None else f"{100 * rate:.2f}%"
-
-
-def alignment_lines(alignment: list[tuple[str, str | None, str | None]]) -> list[str]:
-    """REF/HYP/EVAL lines, one column per aligned pair; *** on the side that has no token."""
-    ref_cells, hyp_cells, eval_cells = [], [], []
-    for op, r, h in alignment:
-        r, h = r or "***", h or "***"
-        w = max(_width(r), _width(h), 1)
-        ref_cells.append(_pad(r, w))
-        hyp_cells.append(_pad(h, w))
-        eval_cells.append(_pad("" if op == "C" else op, w))
-    return [f"{tag:<6}{' '.join(cells)}".rstrip() for tag, cells in
-            (("REF:", ref_cells), ("HYP:", hyp_cells), ("EVAL:", eval_cells))]
-
-
-def write_per_utt(path: Path, scores: list[UttScore]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for s in scores:
-            c = s.primary
-            status = "" if s.status == "ok" else f"  hyp={s.status}"
-            f.write(f"{s.key}  lang={s.language or 'unknown'}  unit={s.unit}  #ref={c.n_ref}  "
-                    f"#C={c.cor} #S={c.sub} #D={c.dele} #I={c.ins}  err={_pct(c.as_dict()['rate'])}"
-                    f"{status}\n")
-            f.write("\n".join(alignment_lines(s.alignment)) + "\n\n")
-
-
-def _keys_line(keys: list[str]) -> str:
-    shown = " ".join(keys[:LIST_MAX])
-    return shown + (" ..." if len(keys) > LIST_MAX else "")
-
-
-def result_text(res: dict) -> str:
-    """result.txt: the figures of result.json for people."""
-    lines = [f"set: {res['set']}", f"model: {res['model']}", f"utterances: {res['utterances']}", "",
-             f"{'':<9}{'rate':>9}{'#ref':>9}{'#sub':>8}{'#del':>8}{'#ins':>8}"]
-    for name in ("cer", "wer", "primary"):
-        c = res[name]
-        lines.append(f"{name.upper() if name != 'primary' else 'primary':<9}{_pct(c['rate']):>9}"
-                     f"{c['n_ref']:>9}{c['sub']:>8}{c['del']:>8}{c['ins']:>8}")
-    lines += ["(CER: characters, WER: words, primary: each utterance in its language's unit)", "",
-              "per language (primary unit):",
-              f"{'language':<10}{'utts':>6}  {'unit':<11}{'rate':>9}{'#ref':>9}{'#sub':>8}{'#del':>8}"
-              f"{'#ins':>8}"]
-    for lang, c in res["per_language"].items():
-        lines.append(f"{lang:<10}{c['utterances']:>6}  {c['unit']:<11}{_pct(c['rate']):>9}{c['n_ref']:>9}"
-                     f"{c['sub']:>8}{c['del']:>8}{c['ins']:>8}")
-    lines += ["", "tag accuracy (utterances where reference and hypothesis tags are known):"]
-    if not res["tag_accuracy"]:
-        lines.append("  - (no ref_tags.tsv or hyp_tags.tsv)")
-    for kind, t in res["tag_accuracy"].items():
-        acc = "-" if t["accuracy"] is None else f"{100 * t['accuracy']:.2f}%"
-        lines.append(f"  {kind:<9}{acc:>8}  ({t['correct']}/{t['total']})")
-    top = res["top_errors"]
-    lines += ["", f"most frequent substitutions (ref -> hyp), primary unit (top {TOP_N}):"]
-    lines += [f"  {n:>6}  {r} -> {h}" for r, h, n in top["substitutions"]] or ["  none"]
-    for kind in ("insertions", "deletions"):
-        lines += ["", f"most frequent {kind} (top {TOP_N}):"]
-        lines += [f"  {n:>6}  {t}" for t, n in top[kind]] or ["  none"]
-    lines.append("")
-    for label, field_ in (("missing hypotheses (scored as deletions)", "missing_hyp"),
-                          ("empty hypotheses (scored as deletions)", "empty_hyp"),
-                          ("extra hypothesis keys (no reference, not scored)", "extra_hyp")):
-        keys = res[field_]
-        lines.append(f"{label}: {len(keys)}" + (f": {_keys_line(keys)}" if keys else ""))
-    lines.append("")
-    if res["rtf"] is None:
-        lines.append("RTF: - (no decode.json)")
-    else:
-        lines.append(f"RTF: {res['rtf']:.4f} (decode {res['decode_seconds']} s for {res['audio_seconds']} s "
-                     f"of audio; {res['processes']} processes on {res['device']})")
-    return "\n".join(lines) + "\n"
-
-
-def score_dir(decode_dir: Path) -> dict:
-    """Score a decode dir, write per_utt.txt, result.txt and result.json; return the result."""
-    for name in ("ref.txt", "hyp.txt"):
-        if not (decode_dir / name).is_file():
-            raise ScoreInputError(f"{decode_dir / name}: no such file (has decoding finished?)")
-    refs = read_text(decode_dir / "ref.txt")
-    hyps = read_text(decode_dir / "hyp.txt")
-    tag_files = [decode_dir / "ref_tags.tsv", decode_dir / "hyp_tags.tsv"]
-    ref_tags, hyp_tags = (read_tags(p) if p.is_file() else {} for p in tag_files)
-    info = read_decode_info(decode_dir / "decode.json")
-    scores = score_utterances(refs, hyps, ref_tags)
-    res = summarize(decode_dir, scores, hyps, refs, ref_tags, hyp_tags, info)
-    write_per_utt(decode_dir / "per_utt.txt", scores)
-    (decode_dir / "result.txt").write_text(result_text(res), encoding="utf-8")
-    (decode_dir / "result.json").write_text(json.dumps(res, ensure_ascii=False, indent=2) + "\n",
-                                            encoding="utf-8")
-    return res
+def run(decode_dir: Path) -> None:
+    res = score_dir(decode_dir)
+    missing, empty = len(res["missing_hyp"]), len(res["empty_hyp"])
+    log.info("%s: %s on %s, %d utt: CER %s, WER %s, primary %s (missing %d, empty %d, extra %d) -> %s",
+             decode_dir, res["model"], res["set"], res["utterances"], pct(res["cer"]["rate"], "inf"),
+             pct(res["wer"]["rate"], "inf"), pct(res["primary"]["rate"], "inf"), missing, empty,
+             len(res["extra_hyp"]), decode_dir / "result.txt")
+    if missing:
+        log.warning("%d utterances have no hypothesis (failed decodes?), e.g. %s; scored as deletions",
+                    missing, res["missing_hyp"][0])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,20 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, required=True, help="decode dir (exp/<tag>/decode_<set>)")
     args = parser.parse_args(argv)
     setup_logging()
-    try:
-        res = score_dir(args.dir)
-    except ScoreInputError as e:
-        log.error("%s", e)
-        return 1
-    missing, empty = len(res["missing_hyp"]), len(res["empty_hyp"])
-    log.info("%s: %s on %s, %d utt: CER %s, WER %s, primary %s (missing %d, empty %d, extra %d) -> %s",
-             args.dir, res["model"], res["set"], res["utterances"], _pct(res["cer"]["rate"]),
-             _pct(res["wer"]["rate"]), _pct(res["primary"]["rate"]), missing, empty,
-             len(res["extra_hyp"]), args.dir / "result.txt")
-    if missing:
-        log.warning("%d utterances have no hypothesis (failed decodes?), e.g. %s; scored as deletions",
-                    missing, res["missing_hyp"][0])
-    return 0
+    return run_main(lambda: run(args.dir), log)
 
 
 if __name__ == "__main__":

@@ -11,16 +11,18 @@ copies what the corpus says and never drops or repairs an utterance on its own.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from local.log_utils import setup_logging
+from funasr_recipe.core.cli import EXIT_OK, run_main
+from funasr_recipe.core.log import setup_logging
+from funasr_recipe.data import kaldi_table
+from funasr_recipe.data.corpus import CorpusInfo, write_corpus_info
 
 
 @dataclass
@@ -34,26 +36,6 @@ class Utt:
     language: str | None = None  # written to utt2lang when any utterance of the set has one
     emotion: str | None = None  # utt2emo
     event: str | None = None  # utt2event
-
-
-@dataclass
-class CorpusInfo:
-    """What stage 0 and later stages need to know about a prepared corpus (``data/corpus.json``)."""
-
-    corpus: str
-    corpus_dir: str
-    train_set: str
-    valid_set: str
-    test_sets: list[str]
-    language: str  # declared language of utterances without utt2lang (SenseVoice code: en, zh, ...)
-    emotion: str = "NEUTRAL"  # declared emotion tag for utterances without utt2emo
-    event: str = "Speech"  # declared event tag for utterances without utt2event
-    itn: str = "woitn"  # "withitn" when transcripts keep punctuation and case
-    sets: list[str] = field(default_factory=list)  # every set written under data/
-
-    def __post_init__(self) -> None:
-        if not self.sets:
-            self.sets = sorted({self.train_set, self.valid_set, *self.test_sets})
 
 
 def write_kaldi_set(set_dir: Path, utts: Iterable[Utt]) -> int:
@@ -84,26 +66,13 @@ def write_kaldi_set(set_dir: Path, utts: Iterable[Utt]) -> int:
     return len(utts)
 
 
-def write_corpus_info(data_dir: Path, info: CorpusInfo) -> Path:
-    """Write data_dir/corpus.json, which run.sh and the later stages read the set names from."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    path = data_dir / "corpus.json"
-    path.write_text(json.dumps(asdict(info), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    return path
-
-
-def read_corpus_info(data_dir: Path) -> CorpusInfo:
-    """Read data_dir/corpus.json as written by write_corpus_info."""
-    return CorpusInfo(**json.loads((data_dir / "corpus.json").read_text(encoding="utf-8")))
-
-
 # ---------------------------------------------------------------------------------------------------
 # Helpers shared by the recipes' programs: layout checks, speaker splits, logging of what went where.
 
 log = logging.getLogger(__name__)
 
 
-class CorpusLayoutError(Exception):
+class CorpusLayoutError(ValueError):
     """The corpus directory does not have the layout a recipe expects (wrong --corpus-dir?)."""
 
 
@@ -133,16 +102,10 @@ def read_table(path: Path) -> list[tuple[str, str]]:
 
     A public corpus's tables are UTF-8; a line that is not means a wrong file, named with its line.
     """
-    rows = []
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                parts = raw.decode("utf-8").strip().split(None, 1)
-            except UnicodeDecodeError as e:
-                raise CorpusLayoutError(f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start})") from e
-            if parts:
-                rows.append((parts[0], parts[1].strip() if len(parts) > 1 else ""))
-    return rows
+    try:
+        return kaldi_table.read_table(path)
+    except kaldi_table.TableError as e:
+        raise CorpusLayoutError(str(e)) from None
 
 
 def read_kaldi_dir(src: Path, root: Path) -> list[Utt]:
@@ -199,9 +162,10 @@ def write_sets(data_dir: Path, sets: dict[str, list[Utt]], info: CorpusInfo) -> 
 
 
 def recipe_parser(doc: str | None, default_corpus_dir: Path | None = None,
-                  dev_speakers: str | None = None) -> argparse.ArgumentParser:
+                  dev_speakers: str | None = None, parts: str | None = None) -> argparse.ArgumentParser:
     """Argument parser with the options every recipe has: --corpus-dir and --data-dir, and
-    --dev-speakers (a speaker list) for the recipes that hold out speakers, given their default."""
+    --dev-speakers (a speaker list) for the recipes that hold out speakers, --parts for those that
+    prepare named parts of a corpus, each given its default."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus-dir", type=Path, default=default_corpus_dir,
                         required=default_corpus_dir is None, help="the corpus in its upstream layout"
@@ -211,18 +175,21 @@ def recipe_parser(doc: str | None, default_corpus_dir: Path | None = None,
     if dev_speakers is not None:
         parser.add_argument("--dev-speakers", default=dev_speakers, help="held-out speakers, comma "
                             "separated; all others train (default: %(default)s)")
+    if parts is not None:
+        parser.add_argument("--parts", default=parts, help="parts of the corpus to prepare where present, "
+                            'space or comma separated, e.g. "train test" (default: %(default)s)')
     return parser
 
 
 def run_recipe(prepare: Callable[..., CorpusInfo], **kwargs: Any) -> CorpusInfo:
     """Call a recipe's ``prepare(**kwargs)`` from its ``main()``: set up logging, turn a layout error
-    into a one-line message and exit status 1, and log what corpus.json now says."""
+    into a one-line message and exit status 2 (bad input: core/cli.py), and log what corpus.json says."""
     setup_logging()
-    try:
-        info = prepare(**kwargs)
-    except CorpusLayoutError as e:
-        log.error("%s", e)
-        sys.exit(1)
+    result: list[CorpusInfo] = []
+    rc = run_main(lambda: result.append(prepare(**kwargs)), log)
+    if rc != EXIT_OK:
+        sys.exit(rc)
+    info = result[0]
     log.info("%s: train_set=%s valid_set=%s test_sets=%s language=%s", kwargs.get("data_dir", ""),
              info.train_set, info.valid_set, " ".join(info.test_sets), info.language)
     return info

@@ -16,8 +16,8 @@ import torch
 import torchaudio
 from funasr.frontends.wav_frontend import WavFrontend
 
+from funasr_recipe.data.validate import validate_set
 from local import compute_fbank
-from local.prepare_data import validate_set
 from tests.make_bad_kaldi_dir import DEFAULT_WAV_DIR
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from local.average import average, main, select_best, validation_losses
+from funasr_recipe.model.checkpoint import average, select_best, validation_losses
+from local.average import main
 
 Weights = dict[str, dict[str, torch.Tensor]]
 
@@ -38,8 +39,9 @@ def write_run(exp: Path, losses: dict[str, float], kept_by: str = "loss") -> Wei
 def test_the_lowest_losses_are_averaged_element_wise(tmp_path: Path) -> None:
     losses = {"model.pt.ep1": 9.0, "model.pt.ep2": 3.0, "model.pt.ep3": 5.0, "model.pt.ep4": 4.0}
     weights = write_run(tmp_path, losses)
-    out = average(tmp_path, 3, tmp_path / "final")
-    assert out.name == "model.pt.avg3"
+    out, names, _ = average(tmp_path, 3)
+    assert out.name == "model.pt.avg3" and names == ["model.pt.ep2", "model.pt.ep4", "model.pt.ep3"]
+    assert main(["--exp-dir", str(tmp_path), "--num", "3"]) == 0  # the program: the same average, final/
     got = torch.load(out)
     picked = ["model.pt.ep2", "model.pt.ep4", "model.pt.ep3"]
     for key in ("w", "b"):
@@ -71,4 +73,4 @@ def test_cli_reads_the_count_from_the_config_and_fails_clearly_without_a_run(tmp
     assert (tmp_path / "run" / "final" / "model.pt").is_file()
     (tmp_path / "empty").mkdir()
     OmegaConf.save(OmegaConf.create({"train_conf": {}}), tmp_path / "empty" / "config.yaml")
-    assert main(["--exp-dir", str(tmp_path / "empty")]) == 1
+    assert main(["--exp-dir", str(tmp_path / "empty")]) == 2

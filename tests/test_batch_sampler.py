@@ -16,34 +16,26 @@ import torch
 from funasr.datasets.dataloader_entry import DataloaderMapStyle
 from funasr.register import tables
 
-import local.batch_sampler  # noqa: F401  (registers LengthBucketBatchSampler)
-from local.batch_sampler import (
+import funasr_recipe.data.batch_sampler  # noqa: F401  (registers LengthBucketBatchSampler)
+from funasr_recipe.data.batch_sampler import (
     BucketBatchSampler,
     cut_batches,
     length_bucket_batch_sampler,
     split_to_multiple,
 )
+from funasr_recipe.data.batching import SourceLengths
 
 BATCH = 6000  # padded frames per rank, as in conf/tiny_sensevoice.yaml
 
 
-class Lengths(torch.utils.data.Dataset):
+class Lengths(SourceLengths, torch.utils.data.Dataset):
     """The part of a funasr dataset a batch sampler reads, plus items and a collator for a DataLoader."""
 
     def __init__(self, lengths: list[int]) -> None:
-        self.lengths = list(lengths)
-
-    def __len__(self) -> int:
-        return len(self.lengths)
+        super().__init__(lengths, [max(1, n // 20) for n in lengths])
 
     def __getitem__(self, i: int) -> int:
         return i
-
-    def get_source_len(self, i: int) -> int:
-        return self.lengths[i]
-
-    def get_target_len(self, i: int) -> int:
-        return max(1, self.lengths[i] // 20)
 
     @staticmethod
     def collator(items: list[int]) -> list[int]:
@@ -170,14 +162,14 @@ def test_token_and_example_budgets_are_respected() -> None:
 
 def test_over_budget_utterance_is_a_batch_of_one_and_counted(caplog: pytest.LogCaptureFixture) -> None:
     lengths = realistic_lengths(300) + [BATCH + 1, 3 * BATCH]
-    with caplog.at_level(logging.WARNING, logger="local.batch_sampler"):
+    with caplog.at_level(logging.WARNING, logger="funasr_recipe.data.batch_sampler"):
         s = sampler(lengths, shuffle=False)
         batches = list(s)
     assert [len(lengths) - 2] in batches and [len(lengths) - 1] in batches
     assert "2 utterances are alone over batch_size" in caplog.text
     # A max_token_length in dataset_conf is honoured, and said.
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="local.batch_sampler"):
+    with caplog.at_level(logging.WARNING, logger="funasr_recipe.data.batch_sampler"):
         limited = sampler(lengths, max_token_length=BATCH)
     assert "2 of 302 utterances have source_len > max_token_length" in caplog.text
     assert len(lengths) - 1 not in {i for b in limited for i in b}

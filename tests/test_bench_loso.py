@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from bench.bench_loso import corpus_speakers, fold_command, fold_result, pooled, table
-from recipes.fsdd.prepare import BUNDLED
+from recipes.fsdd import BUNDLED
 
 
 def _result(path: Path, n_ref: int, sub: int, dele: int, ins: int, missing: list[str]) -> Path:

@@ -17,8 +17,8 @@ import torch
 import torchaudio
 from funasr.frontends.wav_frontend import load_cmvn
 
+from funasr_recipe.data.feats_dataset import load_features
 from local import compute_fbank
-from local.feats_dataset import load_features
 from tests.stage1_data import CONFIG, N_DEV, N_TRAIN, frontend, jsonl, stage1
 
 
@@ -127,7 +127,7 @@ def test_audio_lost_after_stage0_is_rejected_with_its_reason(corpus: Path, tmp_p
         got = {(r.split("\t")[1], r.split("\t")[2], r.split("\t")[3]) for r in rows}
         assert got == {("1", dev[0]["key"], "missing_file"), ("2", dev[1]["key"], "unreadable_audio")}
         assert all(r.split("\t")[0].endswith("data/dev/data.jsonl") for r in rows)
-        assert stage1(root, "--strict", "true", dump="strict") == 1
+        assert stage1(root, "--strict", "true", dump="strict") == 2
     finally:
         shutil.move(moved / gone.name, gone)
         shutil.copy(moved / broken.name, broken)

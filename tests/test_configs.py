@@ -18,8 +18,6 @@ Reads conf/*.yaml and ds_configs/*.json; writes nothing.
 from __future__ import annotations
 
 import copy
-import importlib
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -32,14 +30,14 @@ from funasr.schedulers import scheduler_classes
 from funasr.utils.misc import deep_update
 from omegaconf import DictConfig, OmegaConf
 
-from local.feats_dataset import FBANK_DATASETS
-from local.make_tokenizer import KINDS, SENSEVOICE_TAG_IDS, SENSEVOICE_VOCAB_SIZE
-from local.model_config import fbank_conf, load_config, pretrained_model, tokenizer_spec
+from funasr_recipe.data.batching import SourceLengths
+from funasr_recipe.data.feats_dataset import FBANK_DATASETS
+from funasr_recipe.model.config import fbank_conf, load_config, pretrained_model, tokenizer_spec
+from funasr_recipe.model.tokenizer import KINDS, SENSEVOICE_TAG_IDS, SENSEVOICE_VOCAB_SIZE
+from funasr_recipe.model.trainer import register_recipe_classes
 
-# Their import registers the recipe's classes with funasr, as local/train.py does before training.
-importlib.import_module("local.batch_sampler")
-if importlib.util.find_spec("local.models") is not None:
-    importlib.import_module("local.models")
+# The recipe's classes in funasr's registry, as stage 2 puts them there before training.
+register_recipe_classes()
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "conf").glob("*.yaml"))
@@ -184,22 +182,6 @@ def random_batch(cfg: DictConfig, input_size: int, vocab_size: int) -> dict[str,
             "text": text, "text_lengths": torch.tensor(lengths, dtype=torch.int32)[:, None]}
 
 
-class _Lengths:
-    """The two methods of a funasr dataset that batch samplers read."""
-
-    def __init__(self, n: int) -> None:
-        self.source = [50 + (37 * i) % 900 for i in range(n)]
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def get_source_len(self, i: int) -> int:
-        return self.source[i]
-
-    def get_target_len(self, i: int) -> int:
-        return 5
-
-
 def test_the_configs_are_found() -> None:
     names = {p.stem for p in CONFIGS}
     assert {"tiny_sensevoice", "sensevoice_small", "paraformer", "tiny_paraformer"} <= names
@@ -260,7 +242,7 @@ def test_batch_sampler_cuts_batches(path: Path) -> None:
     cfg, _ = resolved(path)
     conf = {**OmegaConf.to_container(cfg.dataset_conf, resolve=True), "is_training": True,
             "rank": 0, "world_size": 1, "num_workers": 0}
-    data = _Lengths(200)
+    data = SourceLengths([50 + (37 * i) % 900 for i in range(200)], [5] * 200)
     args = tables.batch_sampler_classes.get(cfg.dataset_conf.batch_sampler)(data, **conf)
     sampler = args["batch_sampler"]
     sampler.set_epoch(0)

@@ -1,11 +1,15 @@
-"""local/decode.py without a model: tag parsing, the split over ranks, batching, and the merge."""
+"""Stage 3's decoding without a model: tag parsing, the split over ranks, batching, and the merge
+(local/decode.py over data/tags.py, dist/slicing.py, data/batching.py, scoring/decode_dir.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from local.decode import batches, deal, main, split_tags
+from funasr_recipe.data.batching import consecutive_batches
+from funasr_recipe.data.tags import split_tags
+from funasr_recipe.dist.slicing import deal
+from local.decode import main
 
 
 def test_sensevoice_tags_are_parsed_into_columns_and_stripped() -> None:
@@ -22,9 +26,14 @@ def items(lengths: list[int]) -> list[tuple[int, dict]]:
     return [(i + 1, {"key": f"u{i:03d}", "source_len": n}) for i, n in enumerate(lengths)]
 
 
+def by_length(its: list[tuple[int, dict]], rank: int, world: int) -> list[tuple[int, dict]]:
+    """local/decode.py's deal: longest first, ties by key."""
+    return deal(its, rank, world, size=lambda it: it[1]["source_len"], key=lambda it: it[1]["key"])
+
+
 def test_every_utterance_goes_to_exactly_one_rank_with_balanced_work() -> None:
     its = items([(37 * i) % 500 + 10 for i in range(101)])
-    shares = [deal(its, r, 3) for r in range(3)]
+    shares = [by_length(its, r, 3) for r in range(3)]
     keys = [obj["key"] for share in shares for _, obj in share]
     assert sorted(keys) == sorted(obj["key"] for _, obj in its)
     work = [sum(obj["source_len"] for _, obj in share) for share in shares]
@@ -32,11 +41,11 @@ def test_every_utterance_goes_to_exactly_one_rank_with_balanced_work() -> None:
 
 
 def test_batches_respect_both_limits_and_keep_every_utterance() -> None:
-    its = deal(items([(53 * i) % 900 + 20 for i in range(200)]), 0, 1)
-    out = batches(its, max_utts=16, max_frames=4000)
-    assert [it for b in out for it in b] == its
+    its = by_length(items([(53 * i) % 900 + 20 for i in range(200)]), 0, 1)
+    out = consecutive_batches([obj["source_len"] for _, obj in its], max_utts=16, max_frames=4000)
+    assert [i for b in out for i in b] == list(range(len(its)))
     for b in out:
-        longest = max(obj["source_len"] for _, obj in b)
+        longest = max(its[i][1]["source_len"] for i in b)
         assert len(b) <= 16 and (len(b) == 1 or longest * len(b) <= 4000)
 
 
@@ -77,4 +86,4 @@ def test_merge_refuses_when_a_shard_lost_utterances(tmp_path: Path) -> None:
     data.parent.mkdir()
     data.write_text("".join(json.dumps({"key": k, "target": "X"}) + "\n" for k in "ab"))
     write_shard(tmp_path / "d", 0, [{"key": "a", "text": "one", "seconds": 1.0}], 1.0)
-    assert main(["merge", "--data-jsonl", str(data), "--out", str(tmp_path / "d")]) == 1
+    assert main(["merge", "--data-jsonl", str(data), "--out", str(tmp_path / "d"), "--model-name", "m"]) == 1

@@ -21,7 +21,7 @@ import time
 import jiwer
 import pytest
 
-from local.error_rate import (
+from funasr_recipe.scoring.error_rate import (
     Counts,
     align,
     chars,

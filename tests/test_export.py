@@ -1,6 +1,6 @@
 """local/export.py (stage 4): tiny random-init models of each family, in the hub's layout, exported to
-ONNX, loaded by their deployment runtimes (funasr-onnx, or local/conformer_ctc_onnx.py) and checked
-against PyTorch on real bundled speech; broken exports must fail the check.
+ONNX, loaded by the recipe's runtime (runtime/onnx_asr.py) and by funasr-onnx where it has the family,
+and checked against PyTorch on real bundled speech; broken exports must fail the check.
 
 Random weights emit garbage, but PyTorch and ONNX fp32 must emit the same garbage. int8 is not judged
 on them: an untrained output layer's near-tied logits (25055 of them for SenseVoice) flip under any
@@ -15,7 +15,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import librosa
 import numpy as np
 import onnx
 import pytest
@@ -25,15 +24,19 @@ import yaml
 from omegaconf import OmegaConf
 from onnx import numpy_helper
 
-from local.audio import load_audio
-from local.cmvn import CmvnStats, write_am_mvn
-from local.export import legacy_onnx_exporter, load_model, load_runtime, main, runtime_text
-from local.fbank import FbankExtractor
-from local.make_model_dir import make_model_dir
-from local.make_tokenizer import build_tokenizer, model_file_name
-from local.model_config import fbank_conf
-from local.onnx_parity import check_parity, read_utterances, strip_tags
-from local.ort_utils import greedy_ctc
+from funasr_recipe.data.manifest import read_utterances
+from funasr_recipe.data.tags import strip_tags
+from funasr_recipe.features.audio import load_audio
+from funasr_recipe.features.cmvn import CmvnStats, write_am_mvn
+from funasr_recipe.features.fbank import FbankExtractor, resample
+from funasr_recipe.model.config import fbank_conf
+from funasr_recipe.model.model_dir import load_automodel, make_model_dir
+from funasr_recipe.model.tokenizer import build_tokenizer, model_file_name
+from funasr_recipe.runtime.export import legacy_onnx_exporter
+from funasr_recipe.runtime.onnx_asr import OnnxASR
+from funasr_recipe.runtime.onnx_session import greedy_ctc
+from funasr_recipe.runtime.parity import check_parity
+from local.export import main
 from tests.make_bad_kaldi_dir import DEFAULT_WAV_DIR
 from tests.test_configs import TINY
 
@@ -62,7 +65,7 @@ def data_jsonl(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def build_model_dir(root: Path, family: str, data: Path) -> Path:
-    """A random-init model of ``family`` written by local/make_model_dir.py, as stage 3 writes one."""
+    """A random-init model of ``family`` written by model/model_dir.py, as stage 3 writes one."""
     from funasr import AutoModel
 
     config_name, kind = FAMILIES[family]
@@ -112,7 +115,7 @@ def test_export_dir_loads_and_matches_pytorch(exported: tuple[str, Path, Path, i
     for name in ("model.onnx", "model_quant.onnx", "am.mvn", "tokens.json", tokenizer, "parity.json",
                  ".done"):
         assert (out / name).is_file(), name
-    # What funasr-onnx needs of config.yaml (local/export.py's docstring says why).
+    # What funasr-onnx needs of config.yaml (runtime/export.py's docstring says why).
     assert "cmvn_file" not in config["frontend_conf"] and config["frontend_conf"]["dither"] == 0.0
     assert config["tokenizer_conf"]["bpemodel"] == tokenizer
     assert config.get("lang") == ("en-bpe" if family == "Paraformer" else None)
@@ -125,9 +128,14 @@ def test_export_dir_loads_and_matches_pytorch(exported: tuple[str, Path, Path, i
     assert report["length_mismatches"] == [] and report["unreadable"] == []
     assert report["wer_torch"] == report["wer_fp32"] is not None and report["wer_int8"] is not None
     assert set(report["thresholds"]) == {"identical_fraction", "int8_wer_delta"}
-    # The runtime check loaded the dir as a deployment does, fp32 and int8.
+    # funasr-onnx loaded the dir as a deployment does, fp32 and int8, where it has a class for the family.
     smoke = report["runtime_check"]
-    assert len(smoke["fp32"]) == len(smoke["int8"]) == 2 and all(isinstance(t, str) for t in smoke["fp32"])
+    if family == "ConformerCTC":
+        assert smoke["runtime"] is None and "no class for ConformerCTC" in smoke["note"]
+    else:
+        assert smoke["runtime"] == f"funasr_onnx.{family}"
+        assert len(smoke["fp32"]) == len(smoke["int8"]) == 2
+        assert all(isinstance(t, str) for t in smoke["fp32"])
 
 
 def _sources(data_jsonl: Path, n: int) -> list[str]:
@@ -135,31 +143,33 @@ def _sources(data_jsonl: Path, n: int) -> list[str]:
 
 
 def _waves(data_jsonl: Path, n: int) -> list[np.ndarray]:
-    """16 kHz mono audio of the first n clips, resampled as funasr-onnx's librosa.load(sr=16000) does."""
+    """16 kHz mono audio of the first n clips, resampled with the recipe's (training) resampler."""
     waves = []
     for utt in read_utterances(data_jsonl, n):
         data, rate = load_audio(utt["source"])
-        waves.append(librosa.resample(data.mean(axis=1), orig_sr=rate, target_sr=16000, res_type="soxr_hq"))
+        waves.append(resample(torch.from_numpy(data.mean(axis=1))[None], rate, 16000)[0].numpy())
     return waves
 
 
-def _features(runtime: Any, family: str, waves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """A padded feature batch made by the runtime's own frontend (funasr-onnx's WavFrontend)."""
-    return runtime.features(waves) if family == "ConformerCTC" else runtime.extract_feat(waves)
+def _features(asr: OnnxASR, waves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A padded feature batch made by the runtime's frontend."""
+    feats = asr.features(waves)
+    lengths = np.array([len(f) for f in feats], dtype=np.int32)
+    batch = np.zeros((len(feats), int(lengths.max()), feats[0].shape[1]), dtype=np.float32)
+    for i, f in enumerate(feats):
+        batch[i, : len(f)] = f
+    return batch, lengths
 
 
-def _onnx_scores(runtime: Any, family: str, feats: np.ndarray,
-                 lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(log-probs, output lengths) of a batch through the runtime's session."""
-    if family == "SenseVoiceSmall":  # language "auto" (0), "woitn" (15): what PyTorch decodes with
-        out = runtime.infer(feats, lengths, np.zeros(len(feats), np.int32), np.full(len(feats), 15, np.int32))
-    else:
-        out = runtime.infer(feats, lengths)
-    return torch.log_softmax(torch.from_numpy(out[0]), dim=-1).numpy(), out[1]
+def _onnx_scores(asr: OnnxASR, feats: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(log-probs, output lengths) of a batch through the runtime's session (SenseVoice: language "auto",
+    "woitn", what PyTorch decodes with)."""
+    scores, out_lens = asr.infer([feats[i, :n] for i, n in enumerate(lengths.tolist())])
+    return torch.log_softmax(torch.from_numpy(scores), dim=-1).numpy(), out_lens
 
 
 def _torch_scores(automodel: Any, family: str, feats: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Log-probs of the same batch through the PyTorch model's own inference (as local/onnx_parity.py)."""
+    """Log-probs of the same batch through the PyTorch model's own inference (as runtime/parity.py)."""
     model = automodel.model
     scored = model.decoder if family == "Paraformer" else model.ctc.ctc_lo
     captured = []
@@ -186,30 +196,28 @@ def test_onnx_matches_pytorch_on_padded_batches(exported: tuple[str, Path, Path,
     family, model_dir, out, _ = exported
     waves = _waves(data_jsonl, 3)[-batch:]
     assert len({len(w) for w in waves}) == batch
-    fp32 = load_runtime(out, family, False, threads=2)
-    feats, lengths = _features(fp32, family, waves)
-    ref = _torch_scores(load_model(model_dir, threads=2), family, feats, lengths)
-    scores, out_lens = _onnx_scores(fp32, family, feats, lengths)
+    fp32 = OnnxASR(out, threads=2)
+    feats, lengths = _features(fp32, waves)
+    ref = _torch_scores(load_automodel(model_dir, threads=2), family, feats, lengths)
+    scores, out_lens = _onnx_scores(fp32, feats, lengths)
     assert scores.shape == ref.shape and scores.shape[0] == batch
     for i, n in enumerate(out_lens.tolist()):
         np.testing.assert_allclose(scores[i, :n], ref[i, :n], atol=1e-4)
-    int8, int8_lens = _onnx_scores(load_runtime(out, family, True, threads=2), family, feats, lengths)
+    int8, int8_lens = _onnx_scores(OnnxASR(out, quantize=True, threads=2), feats, lengths)
     assert int8.shape == scores.shape and int8_lens.tolist() == out_lens.tolist()
 
 
 def test_runtime_resamples_paths_but_takes_arrays_as_16k(exported: tuple[str, Path, Path, int],
                                                           data_jsonl: Path) -> None:
-    """funasr-onnx resamples a file to 16 kHz on loading (librosa.load(sr=16000)), but takes an array as
-    16 kHz audio whatever its rate: an 8 kHz array gives half the frames. The recipe's runner does the
-    same."""
-    family, _, out, _ = exported
-    runtime = load_runtime(out, family, False, threads=2)
+    """The runtime resamples a file to the model's 16 kHz on loading, but takes an array as 16 kHz audio
+    whatever its rate (as funasr-onnx does): an 8 kHz array gives half the frames."""
+    _, _, out, _ = exported
+    asr = OnnxASR(out, threads=2)
     sources, waves = _sources(data_jsonl, 3), _waves(data_jsonl, 3)
-    # One 16 kHz array per call: funasr-onnx takes a list of paths, not of arrays.
-    assert [runtime_text(r) for r in runtime(sources)] == [runtime_text(runtime(w)[0]) for w in waves]
+    assert asr(sources) == [asr(w)[0] for w in waves]
     data, rate = load_audio(sources[0])
     assert rate == 8000
-    frames = [runtime.frontend.fbank(w)[0].shape[0] for w in (data.mean(axis=1), waves[0])]  # 10 ms frames
+    frames = [asr.extractor.from_wave(w, 16000).shape[0] for w in (data.mean(axis=1), waves[0])]  # 10 ms
     assert abs(frames[0] / frames[1] - 0.5) < 0.05
 
 
@@ -269,7 +277,7 @@ def test_legacy_exporter_is_patched_only_inside_the_block() -> None:
 
 def test_strip_tags_and_greedy_ctc() -> None:
     assert strip_tags("<|en|><|NEUTRAL|><|Speech|><|woitn|>one two") == "one two"
-    assert strip_tags("<|en|> <|HAPPY|>seven <|x|>") == "seven <|x|>"  # only the leading tags
+    assert strip_tags("<|en|> <|HAPPY|>seven <|x|>") == "seven"  # every tag, wherever it is
     best = np.array([0, 5, 5, 0, 5, 6, 6, 0])
     log_probs = np.log(np.eye(8)[best] + 1e-9)
     assert greedy_ctc(log_probs) == [5, 5, 6] and greedy_ctc(log_probs[:0]) == []
@@ -290,7 +298,7 @@ def test_too_short_clip_is_empty_on_every_side(exported: tuple[str, Path, Path, 
     wav = tmp_path / "short.wav"
     sf.write(wav, (np.random.default_rng(0).standard_normal(640) * 3000).astype(np.int16), 16000)
     utt = {"key": "short", "source": str(wav), "target": "ONE", "lang": "<|en|>"}
-    report = check_parity(load_model(model_dir, threads=2), out, [utt], threads=2)
+    report = check_parity(load_automodel(model_dir, threads=2), out, [utt], threads=2)
     assert report["identical_fraction"] == 1.0 and report["unreadable"] == []
     if family == "ConformerCTC":
         assert {e["side"] for e in report["no_output"]} == {"torch", "fp32", "int8"}
@@ -302,8 +310,6 @@ def test_runtime_pipeline_keeps_order_and_short_clips(exported: tuple[str, Path,
     texts come back in input order and equal those of the same batches run one after another in this
     thread, and a clip too short for the model does not cost its batch the others' texts. (Batch sizes
     are not compared with each other: padding moves a random model's near-tied scores.)"""
-    from local.onnx_asr import OnnxASR
-
     _, _, out, _ = exported
     short = tmp_path / "short.wav"
     sf.write(short, (np.random.default_rng(0).standard_normal(640) * 3000).astype(np.int16), 16000)

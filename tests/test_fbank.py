@@ -10,9 +10,9 @@ import torch
 from funasr.frontends.wav_frontend import apply_lfr
 from torchaudio.compliance import kaldi
 
-from local.cmvn import CmvnStats, lfr
-from local.fbank import FbankExtractor, kaldi_fbank, resample
-from local.model_config import FbankConf, fbank_conf, load_config, tokenizer_spec
+from funasr_recipe.features.cmvn import CmvnStats, lfr
+from funasr_recipe.features.fbank import FbankConf, FbankExtractor, kaldi_fbank, resample
+from funasr_recipe.model.config import fbank_conf, load_config, tokenizer_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = FbankConf(lfr_m=7, lfr_n=6)
@@ -33,6 +33,21 @@ def test_kernel_equals_torchaudio_kaldi_fbank(samples: int, kind: str) -> None:
     assert ours.shape == ref.shape
     assert torch.isfinite(ours).all()
     assert (ours - ref).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("window", ["hamming", "hanning", "povey", "rectangular", "blackman"])
+@pytest.mark.parametrize("snip_edges", [True, False])
+def test_private_torchaudio_helpers_still_behave(window: str, snip_edges: bool) -> None:
+    """features/fbank.py borrows torchaudio's private ``_feature_window_function`` (every window) and
+    ``_get_strided`` (snip_edges false) for its speed: pinned against the public ``kaldi.fbank``, so a
+    torchaudio release that changes them fails here, not in a model's accuracy."""
+    x = (torch.randn(1, 12345, generator=torch.Generator().manual_seed(7)) * 3000).float()
+    conf = FbankConf(window=window, snip_edges=snip_edges, n_mels=40)
+    ref = kaldi.fbank(x, num_mel_bins=40, frame_length=25.0, frame_shift=10, dither=0.0, energy_floor=0.0,
+                      window_type=window, sample_frequency=16000, snip_edges=snip_edges)
+    ours = kaldi_fbank(x, conf, 25.0)
+    assert ours.shape == ref.shape
+    assert (ours - ref).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("m,n", [(7, 6), (5, 3), (3, 1), (4, 2), (1, 1)])

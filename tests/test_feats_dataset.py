@@ -16,7 +16,7 @@ from funasr.datasets.dataloader_entry import DataloaderMapStyle
 from funasr.models.sense_voice.model import SenseVoiceSmall
 from funasr.tokenizer.sentencepiece_tokenizer import SentencepiecesTokenizer
 
-import local.feats_dataset  # noqa: F401  (registers the Fbank* datasets with funasr)
+import funasr_recipe.data.feats_dataset  # noqa: F401  (registers the Fbank* datasets with funasr)
 from tests.stage1_data import frontend, jsonl
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from local import funasr_cpu_patch
+from funasr_recipe.model import funasr_cpu_patch
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the patch is a no-op where CUDA exists")
 

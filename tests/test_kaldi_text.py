@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from local.kaldi_text import has_control_chars, parse_line, sorted_records
-from local.prepare_data import validate_set
+from funasr_recipe.data.kaldi_table import has_control_chars, parse_line, sorted_records
+from funasr_recipe.data.validate import validate_set
 
 ROOT = Path(__file__).resolve().parents[1]
 WAVS = sorted((ROOT / "corpora" / "free-spoken-digit-dataset" / "recordings").glob("*.wav"))

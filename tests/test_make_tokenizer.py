@@ -1,4 +1,5 @@
-"""local/make_tokenizer.py: tag ids, round trips, special ids, and the unmodified SenseVoiceSmall.
+"""model/tokenizer.py (stage 1 builds a from-scratch model's tokenizer with it): tag ids, round trips,
+special ids, and the unmodified SenseVoiceSmall.
 
 Encoding goes through funasr's SentencepiecesTokenizer, the class the trainer uses.
 """
@@ -14,16 +15,15 @@ import sentencepiece as spm
 import torch
 from funasr.tokenizer.sentencepiece_tokenizer import SentencepiecesTokenizer
 
-from local.make_tokenizer import (
+from funasr_recipe.data.tags import EMOTIONS, EVENTS, ITN, LANGUAGES
+from funasr_recipe.model.tokenizer import (
     KINDS,
     SENSEVOICE_TAG_IDS,
     SENSEVOICE_VOCAB_SIZE,
     build_tokenizer,
     check_tags,
-    main,
     model_file_name,
 )
-from local.sensevoice_tags import EMOTIONS, EVENTS, ITN, LANGUAGES
 
 DIGITS = "ZERO ONE TWO THREE FOUR FIVE SIX SEVEN EIGHT NINE".split()
 
@@ -130,7 +130,7 @@ def test_char_keeps_every_character_and_word_reports_unknowns(corpus: Path, tmp_
     tok = SentencepiecesTokenizer(bpemodel=build_tokenizer(corpus, tmp_path / "char", "char", 5))
     assert all(tok.decode(tok.encode(t)) == t for t in _transcripts())
     # A word vocabulary smaller than the corpus's words is allowed, but counted in the log.
-    with caplog.at_level("WARNING", logger="local.make_tokenizer"):
+    with caplog.at_level("WARNING", logger="funasr_recipe.model.tokenizer"):
         build_tokenizer(corpus, tmp_path / "word", "word", 8)
     assert "transcripts do not survive encode/decode" in caplog.text
 
@@ -182,12 +182,10 @@ def test_bad_line_is_named_by_file_and_line(line: str, why: str, tmp_path: Path)
     assert not (tmp_path / "out").exists()
 
 
-def test_cli(corpus: Path, tmp_path: Path) -> None:
-    main(["--jsonl", str(corpus), "--out-dir", str(tmp_path / "sv"), "--kind", "sensevoice",
-          "--vocab-size", "80", "--sp-type", "unigram"])
+def test_sensevoice_tags_over_a_unigram_model(corpus: Path, tmp_path: Path) -> None:
+    model = build_tokenizer(corpus, tmp_path / "sv", "sensevoice", 80, sp_type="unigram")
     info = json.loads((tmp_path / "sv" / "tokenizer.json").read_text())
-    assert info["sp_type"] == "unigram" and info["model_file"] == model_file_name("sensevoice")
-    check_tags(tmp_path / "sv" / info["model_file"])
-    with pytest.raises(SystemExit):
-        main(["--jsonl", str(corpus), "--out-dir", str(tmp_path / "x"), "--kind", "bpe",
-              "--vocab-size", "80", "--sp-type", "char"])
+    assert info["sp_type"] == "unigram" and model.name == info["model_file"] == model_file_name("sensevoice")
+    check_tags(model)
+    with pytest.raises(ValueError, match="unknown sentencepiece type 'word-piece'"):
+        build_tokenizer(corpus, tmp_path / "x", "sensevoice", 80, sp_type="word-piece")

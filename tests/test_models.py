@@ -14,8 +14,8 @@ from funasr.register import tables
 from funasr.tokenizer.sentencepiece_tokenizer import SentencepiecesTokenizer
 from omegaconf import OmegaConf
 
-from local.make_tokenizer import build_tokenizer
-from local.models import ConformerCTC, edit_distance
+from funasr_recipe.model.conformer_ctc import ConformerCTC, edit_distance
+from funasr_recipe.model.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = "ZERO ONE TWO THREE FOUR FIVE SIX SEVEN EIGHT NINE".split()

@@ -1,4 +1,4 @@
-"""Stage 5: local/package.py, local/bench_runtime.py and the runtime they ship (local/onnx_asr.py), on
+"""Stage 5: local/package.py, local/bench_runtime.py and the runtime they ship (runtime/onnx_asr.py), on
 tiny random-init models of each family exported by local/export.py (tests/test_export.py's builder).
 
 Random weights emit garbage, but every path from the same audio file must emit the same garbage: our
@@ -26,18 +26,19 @@ import soundfile as sf
 import torch
 from funasr_onnx.utils.postprocess_utils import sentence_postprocess_sentencepiece
 
-from local.audio import load_audio
+from funasr_recipe.features.audio import load_audio
+from funasr_recipe.features.cmvn import read_am_mvn, write_am_mvn
+from funasr_recipe.features.fbank import FbankConf, FbankExtractor, resample
+from funasr_recipe.model.model_dir import load_automodel
+from funasr_recipe.reports.package import runtime_files
+from funasr_recipe.reports.triton_repo import TRITON_TYPES, onnx_io
+from funasr_recipe.runtime.funasr_onnx_runtime import FUNASR_ONNX_FAMILIES, load_funasr_onnx, runtime_text
+from funasr_recipe.runtime.onnx_asr import OnnxASR
 from local.bench_runtime import main as bench_main
-from local.cmvn import read_am_mvn, write_am_mvn
-from local.export import load_runtime, runtime_text
 from local.export import main as export_main
-from local.fbank import FbankExtractor, resample
-from local.model_config import FbankConf
-from local.onnx_asr import OnnxASR
 from local.package import main as package_main
-from local.triton_repo import TRITON_TYPES, onnx_io
 from tests.make_bad_kaldi_dir import DEFAULT_WAV_DIR
-from tests.test_export import FAMILIES, UNGATED_INT8, WORDS, _features, build_model_dir
+from tests.test_export import FAMILIES, UNGATED_INT8, WORDS, build_model_dir
 
 N_UTTS = 8
 
@@ -100,26 +101,27 @@ def test_runtime_emits_what_automodel_and_funasr_onnx_emit(exp: tuple[str, Path]
     """Ours (from the package's onnx/, as deployed) == AutoModel.generate on the same files in the same
     batches (padding included). funasr-onnx's frontend (kaldi-native-fbank) differs from PyTorch's by
     ~1e-4, enough to flip a random model's near-tied tokens: so its features are compared with ours
-    numerically, and our session and decoding on ITS features must give its texts, fp32 and int8."""
-    from local.decode import load_model
-
+    numerically, and our session and decoding on ITS features must give its texts, fp32 and int8.
+    (funasr-onnx has no ConformerCTC class: that family is compared with AutoModel only.)"""
     family, exp_dir = exp
     sources, keys = _sources(data16k)
     onnx_dir = exp_dir / "package" / "onnx"
     ours = OnnxASR(onnx_dir, threads=2, batch_size=batch)(sources)
-    automodel = load_model(exp_dir / "final", "cpu")
+    automodel = load_automodel(exp_dir / "final", "cpu")
     results = automodel.generate(input=sources, key=keys, batch_size=batch, language="auto", use_itn=False,
                                  disable_pbar=True)
     ref = {r["key"]: r["text"] for r in results}
     assert ours == [ref.get(k, "") for k in keys]
     assert any(ours), "random weights should emit some tokens"
+    if family not in FUNASR_ONNX_FAMILIES:
+        return
     waves = [load_audio(s)[0][:, 0] for s in sources]
     for quantize in (False, True):
-        theirs = load_runtime(onnx_dir, family, quantize, threads=2, batch_size=batch)
+        theirs = load_funasr_onnx(onnx_dir, family, quantize, threads=2, batch_size=batch)
         runtime = OnnxASR(onnx_dir, quantize=quantize, threads=2, batch_size=batch)
         texts, expected = [], [runtime_text(r) for r in theirs(sources)]
         for start in range(0, len(waves), batch):
-            feats, lengths = _features(theirs, family, waves[start:start + batch])
+            feats, lengths = theirs.extract_feat(waves[start:start + batch])  # funasr-onnx's WavFrontend
             mine = runtime.features(waves[start:start + batch])
             assert [len(f) for f in mine] == lengths.tolist()
             assert max(float(np.abs(f - feats[i, : len(f)]).max()) for i, f in enumerate(mine)) < 1e-3
@@ -139,11 +141,19 @@ def test_runtime_cli_and_arrays(exp: tuple[str, Path], data16k: Path) -> None:
     sources, _ = _sources(data16k)
     asr = OnnxASR(exp_dir / "package" / "onnx", threads=1)
     assert asr([load_audio(s)[0][:, 0] for s in sources[:2]]) == asr(sources[:2])  # arrays: 16 kHz
-    env = {**os.environ, "PYTHONPATH": str(exp_dir / "package" / "runtime")}
-    out = subprocess.run([sys.executable, "-m", "local.onnx_asr",
+    # The package's runtime/ alone (the recipe's checkout is not on the path): the files it ships are the
+    # runtime entry and what it imports, found from the imports.
+    runtime = exp_dir / "package" / "runtime"
+    shipped = {str(p.relative_to(runtime)) for p in runtime.rglob("*.py")}
+    assert shipped == {str(f) for f in runtime_files()}
+    assert "funasr_recipe/runtime/transcribe.py" in shipped and "funasr_recipe/model/config.py" not in shipped
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(runtime)}
+    out = subprocess.run([sys.executable, "-m", "funasr_recipe.runtime.transcribe",
                           str(exp_dir / "package" / "onnx"), *sources[:2], "--threads", "1"],
                          cwd=exp_dir, env=env, capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == [f"{s}\t{t}" for s, t in zip(sources[:2], asr(sources[:2]), strict=True)]
+    requirements = (runtime / "requirements.txt").read_text().split()
+    assert {r.split("==")[0] for r in requirements if "==" in r} >= {"numpy", "onnxruntime", "soundfile"}
 
 
 def test_triton_configs_parse_with_tritons_schema(exp: tuple[str, Path]) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from local.plot_training import main, parse_log
+from funasr_recipe.reports.curves import parse_log
+from local.plot_training import main
 
 TRAIN = ("2026-11-30 15:53:58,776 INFO [node0 rank{r}] [trainer_ds.py:953] train, rank: {r}, epoch: {e}/3, "
          "data_slice: 0/1, step_in_slice: {s}/25, step_in_epoch: {s}, total step: {t}, "
@@ -68,6 +69,6 @@ def test_validation_only_log_still_plots(tmp_path: Path) -> None:
 
 
 def test_empty_or_missing_log_fails_clearly(tmp_path: Path) -> None:
-    assert main([str(tmp_path / "nothing.log")]) == 1
+    assert main([str(tmp_path / "nothing.log")]) == 2
     (tmp_path / "train.log").write_text("starting\n")
-    assert main([str(tmp_path / "train.log")]) == 1
+    assert main([str(tmp_path / "train.log")]) == 2

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from local.prepare_data import BadInputError, validate_set
+from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.data.validate import validate_set
 from tests import make_bad_kaldi_dir as mbk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -284,7 +285,7 @@ def test_strict_on_every_bad_kind_names_a_real_rejection(bad_dir: Path, default_
 def test_cli_exit_codes(bad_dir: Path, tmp_path: Path) -> None:
     strict_dir = strict_set(bad_dir, tmp_path / "strict")
     done = cli("--set-dir", str(strict_dir), "--language", "en", "--strict", "true")
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 2, done.stderr
     assert "wav.scp:2: spk1_b: missing_file: " in done.stderr and "Traceback" not in done.stderr
     done = cli("--set-dir", str(strict_dir), "--language", "en", "--strict", "false", "--nj", "2")
     assert done.returncode == 0, done.stderr

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from funasr_recipe.data.corpus import read_corpus_info
 from recipes.aishell1.prepare import prepare as prepare_aishell1
-from recipes.common import read_corpus_info
-from recipes.fsdd.prepare import BUNDLED
+from recipes.fsdd import BUNDLED
 from recipes.fsdd.prepare import prepare as prepare_fsdd
 from recipes.kaldi.prepare import pick_dev_speakers
 from recipes.kaldi.prepare import prepare as prepare_kaldi
@@ -44,6 +44,14 @@ from tests.recipe_trees import (
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
+
+
+def shared_corpus(name: str) -> Path:
+    """A real corpus of ../shared/data, or a skip where this clone has none beside it."""
+    corpus = SHARED / name
+    if not corpus.is_dir():
+        pytest.skip(f"{corpus} is not there (real data shared beside the repo)")
+    return corpus
 RECIPES = ("kaldi", "fsdd", "speechocean762", "mandarin_syllables", "aishell1", "librispeech")
 
 
@@ -117,7 +125,7 @@ def test_fsdd_test_speakers(tmp_path: Path) -> None:
 def test_recipe_cli_fails_clearly_on_wrong_dir(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "recipes.fsdd.prepare", "--corpus-dir", str(tmp_path),
                            "--data-dir", str(tmp_path / "data")], cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert f"expected FSDD's recordings/ directory at {tmp_path / 'recordings'}" in proc.stderr
     assert "[common.py:" in proc.stderr  # log lines carry [file:line]
 
@@ -246,9 +254,7 @@ def test_kaldi_errors(tmp_path: Path) -> None:
 
 @pytest.mark.shared_data
 def test_speechocean762_shared(tmp_path: Path) -> None:
-    corpus = SHARED / "speechocean762"
-    if not corpus.is_dir():
-        pytest.skip(f"{corpus} is not there (real data shared beside the repo)")
+    corpus = shared_corpus("speechocean762")
     info = prepare_speechocean(corpus, tmp_path / "data")
     train = check_set(tmp_path / "data/train", 600, speaker_prefix=False)
     dev = check_set(tmp_path / "data/dev", 200, speaker_prefix=False)
@@ -285,9 +291,7 @@ def test_speechocean762_tree(tmp_path: Path, wavs: list[Path]) -> None:
 
 @pytest.mark.shared_data
 def test_mandarin_syllables_shared(tmp_path: Path) -> None:
-    corpus = SHARED / "mandarin_syllables"
-    if not corpus.is_dir():
-        pytest.skip(f"{corpus} is not there (real data shared beside the repo)")
+    corpus = shared_corpus("mandarin_syllables")
     info = prepare_mandarin(corpus, tmp_path / "data")
     check_set(tmp_path / "data/train", 1707)
     check_set(tmp_path / "data/dev", 1187)
@@ -318,7 +322,7 @@ def test_mandarin_syllables_tree(tmp_path: Path, wavs: list[Path]) -> None:
         prepare_mandarin(tmp_path, tmp_path / "out")
     with open(corpus / "data" / "all" / "text", "ab") as f:
         f.write(b"gcin_liu-a1 caf\xe9\n")  # latin-1: a wrong file, not a line to pass on
-    with raises(f"{corpus / 'data/all/text'}:5: not UTF-8"):
+    with raises(f"{corpus / 'data/all/text'}:5: byte 3 is not UTF-8"):
         prepare_mandarin(corpus, tmp_path / "out")
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from local.results_md import main, write_results_md
+from funasr_recipe.scoring.results_md import write_results_md
+from local.results_md import main
 
 
 def counts(rate: float | None, n_ref: int, sub: int, dele: int, ins: int) -> dict:
@@ -79,9 +80,9 @@ def test_main_default_output_and_errors(exp: Path, tmp_path: Path, capsys: pytes
     assert (exp / "RESULTS.md").is_file()
     empty = tmp_path / "exp" / "nothing"
     empty.mkdir()
-    assert main(["--exp-dir", str(empty)]) == 1
+    assert main(["--exp-dir", str(empty)]) == 2
     assert "run local/score.py first" in capsys.readouterr().err
     (exp / "decode_dev" / "result.json").write_text('{"set": "dev",\n "model": ')
-    assert main(["--exp-dir", str(exp), "--out", str(tmp_path / "R.md")]) == 1
+    assert main(["--exp-dir", str(exp), "--out", str(tmp_path / "R.md")]) == 2
     assert f"{exp / 'decode_dev' / 'result.json'}:2: not valid JSON" in capsys.readouterr().err
     assert not (tmp_path / "R.md").exists()

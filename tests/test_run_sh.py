@@ -68,7 +68,8 @@ def test_stage0_bundled_corpus_then_rerun_skips(tmp_path: Path) -> None:
     assert sum(counts.values()) == N_BUNDLED
     assert (tmp_path / "data" / ".done").is_file()
     replay = (tmp_path / "exp" / "replay.sh").read_text()
-    assert "--stage 0 --stop-stage 0 -- ++train_conf.max_epoch=3" in replay
+    # Options given to the replay script go before the trainer's overrides.
+    assert '--stage 0 --stop-stage 0 "$@" -- ++train_conf.max_epoch=3' in replay
     assert f"--data-dir {tmp_path / 'data'}" in replay
 
     res = run_sh("--stage", "0", "--stop-stage", "0", *dirs(tmp_path))
@@ -93,6 +94,31 @@ def test_other_node_times_out_with_a_clear_message(tmp_path: Path) -> None:
     assert "waited 1s for node 0 to finish stage 0" in res.stderr
     assert "filesystem all nodes share" in res.stderr
     assert not (tmp_path / "data" / "train").exists()  # node 1 never prepares data itself
+
+
+def test_run_sh_starts_from_any_directory_by_a_relative_path(tmp_path: Path) -> None:
+    """"$0" is read after run.sh has changed to its own directory: it must not matter where it was started
+    from, nor by which path."""
+    res = subprocess.run([f"{ROOT.name}/run.sh", "--help"], cwd=ROOT.parent, capture_output=True, text=True,
+                         env=CLEAN_ENV, timeout=60)
+    assert res.returncode == 0 and "  --stage " in res.stdout, res.stderr
+    relative = os.path.relpath(ROOT / "run.sh", tmp_path)
+    assert relative.startswith("..")
+    res = subprocess.run([relative, "--stop-stage", "0", *dirs(tmp_path)], cwd=tmp_path, capture_output=True,
+                         text=True, env=CLEAN_ENV, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "data" / ".done").is_file()
+
+
+def test_every_node_writes_the_same_replay_script(tmp_path: Path) -> None:
+    """replay.sh in the shared exp dir holds no --node-rank: the last node to write it does not make it
+    replay as that node."""
+    node1 = subprocess.run(["./run.sh", "--stop-stage", "0", "--nnodes", "2", "--node-rank", "1",
+                            "--wait-timeout", "1", *dirs(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                           env=CLEAN_ENV, timeout=60)
+    assert node1.returncode == 1  # node 0 never ran
+    replay = (tmp_path / "exp" / "replay.sh").read_text()
+    assert "--nnodes 2" in replay and "--node-rank" not in replay.splitlines()[-1]
 
 
 @pytest.mark.parametrize("node_env", [

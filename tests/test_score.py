@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from local.score import ScoreInputError, alignment_lines, main, score_dir
+from funasr_recipe.scoring.score import ScoreInputError, alignment_lines, score_dir
+from local.score import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -193,11 +194,11 @@ def test_non_utf8_line_is_named(tmp_path: Path) -> None:
 
 def test_main_exits_nonzero_with_the_message(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     d = make_dir(tmp_path, hyp_txt="a1 x\na1 y\n")
-    assert main(["--dir", str(d)]) == 1
+    assert main(["--dir", str(d)]) == 2  # malformed input
     assert f"{d / 'hyp.txt'}:2: duplicate key 'a1'" in capsys.readouterr().err
     assert not (d / "result.json").exists()
     (d / "ref.txt").unlink()
-    assert main(["--dir", str(d)]) == 1
+    assert main(["--dir", str(d)]) == 2  # malformed input
     assert "ref.txt: no such file" in capsys.readouterr().err
 
 

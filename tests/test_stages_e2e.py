@@ -139,7 +139,7 @@ def test_two_nodes_run_stages_0_to_3_and_match_one_node(prepared: Path, trained:
 def test_finetune_results_show_the_pretrained_model_too(prepared: Path, finetuned: Path,
                                                          trained: Path) -> None:
     res = run_sh("--stage", "3", "--stop-stage", "3", "--config", "conf/sensevoice_small.yaml",
-                 "--pretrained-dir", str(trained / "model_dir"), *dirs(prepared, "exp_ft", "dump_ft"),
+                 "--pretrained-dir", str(trained / "best_model"), *dirs(prepared, "exp_ft", "dump_ft"),
                  timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
     before = json.loads((finetuned / "decode_dev_pretrained" / "result.json").read_text())

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 def test_deepspeed_zero1_bf16_two_ranks_learns_then_resumes(prepared: Path, trained: Path) -> None:
     exp = trained
     for name in ("config.yaml", "model.pt", "model.pt.ep16", "curves.png", "curves.tsv", ".train.done",
-                 "model_dir/model.pt", "model_dir/configuration.json", "model_dir/am.mvn"):
+                 "best_model/model.pt", "best_model/configuration.json", "best_model/am.mvn"):
         assert (exp / name).exists(), name
     log = (exp / "train.log").read_text()
     assert "[node0 rank0]" in log and "[node0 rank1]" in log and "use_deepspeed: True" in log
@@ -46,7 +46,7 @@ def test_finetune_from_a_model_dir_like_sensevoicesmall(trained: Path, finetuned
     first_from_scratch = val_losses(trained / "train.log")[0]
     stderr = (finetuned / "stage2.stderr").read_text()
     log = (finetuned / "train.log").read_text()
-    assert f"fine-tuning {(trained / 'model_dir').resolve()}" in stderr
+    assert f"fine-tuning {(trained / 'best_model').resolve()}" in stderr
     assert "status: <All keys matched successfully>" in log  # funasr loaded every pretrained weight
     first_finetuned = val_losses(finetuned / "train.log")[0]
     assert first_finetuned < 0.5 * first_from_scratch, (first_finetuned, first_from_scratch)

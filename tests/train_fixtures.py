@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from local.plot_training import parse_log
+from funasr_recipe.reports.curves import parse_log
 from tests.test_run_sh import run_sh
 from tests.train_data import make_digit_subset
 
@@ -83,7 +83,7 @@ def finetuned(prepared: Path, trained: Path) -> Path:
     # Its own dump dir: stage 1 with another config would redo the shared one (a new fingerprint), and
     # with it every later stage 2 of the from-scratch runs.
     res = run_sh("--stage", "1", "--stop-stage", "2", "--config", "conf/sensevoice_small.yaml",
-                 "--pretrained-dir", str(trained / "model_dir"), *dirs(prepared, "exp_ft", "dump_ft"), "--",
+                 "--pretrained-dir", str(trained / "best_model"), *dirs(prepared, "exp_ft", "dump_ft"), "--",
                  "++train_conf.max_epoch=1", "++dataset_conf.num_workers=1", timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
     (prepared / "exp_ft" / "stage2.stderr").write_text(res.stderr)

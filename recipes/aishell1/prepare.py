@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from funasr_recipe.data.corpus import CorpusInfo
 from recipes.common import (
-    CorpusInfo,
     CorpusLayoutError,
     Utt,
     read_table,

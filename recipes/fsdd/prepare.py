@@ -21,11 +21,10 @@ that): bench/bench_loso.py holds out each speaker in turn as the test set this w
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
+from funasr_recipe.data.corpus import CorpusInfo
 from recipes.common import (
-    CorpusInfo,
     CorpusLayoutError,
     Utt,
     recipe_parser,
@@ -35,12 +34,10 @@ from recipes.common import (
     split_list,
     write_sets,
 )
+from recipes.fsdd import BUNDLED, NAME, WORDS
 
 log = logging.getLogger(__name__)
 
-BUNDLED = Path(__file__).resolve().parents[2] / "corpora" / "free-spoken-digit-dataset"
-WORDS = ("ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE")
-NAME = re.compile(r"^([0-9])_([A-Za-z0-9]+)_([0-9]+)\.wav$")
 # NOTE: theo has a neutral US accent: a held-out speaker whose error rate measures generalisation to
 # a new voice, while the accented speakers (Greek, German, French) stay in training, where their
 # variety helps most. An accented unseen speaker is far harder (DESIGN.md: ~32% vs ~12% WER).

@@ -27,13 +27,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import BinaryIO
 
+from funasr_recipe.data.corpus import CorpusInfo, write_corpus_info
 from recipes.common import (
-    CorpusInfo,
     CorpusLayoutError,
     log_set,
     recipe_parser,
     run_recipe,
-    write_corpus_info,
 )
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from funasr_recipe.data.corpus import CorpusInfo
 from recipes.common import (
-    CorpusInfo,
     CorpusLayoutError,
     Utt,
     read_table,
@@ -91,11 +91,7 @@ def prepare(corpus_dir: Path, data_dir: Path, parts: list[str] | None = None) ->
 
 def main() -> None:
     """Command line entry point."""
-    parser = recipe_parser(__doc__)
-    parser.add_argument("--parts", default=DEFAULT_PARTS,
-                        help="parts to prepare where present, space or comma separated "
-                        "(default: %(default)s)")
-    args = parser.parse_args()
+    args = recipe_parser(__doc__, parts=DEFAULT_PARTS).parse_args()
     run_recipe(prepare, corpus_dir=args.corpus_dir, data_dir=args.data_dir, parts=split_list(args.parts))
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from funasr_recipe.data.corpus import CorpusInfo
 from recipes.common import (
-    CorpusInfo,
     read_kaldi_dir,
     recipe_parser,
     require,

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from funasr_recipe.data.corpus import CorpusInfo
 from recipes.common import (
-    CorpusInfo,
     CorpusLayoutError,
     read_kaldi_dir,
     recipe_parser,
@@ -48,11 +48,7 @@ def prepare(corpus_dir: Path, data_dir: Path, parts: list[str] | None = None) ->
 
 def main() -> None:
     """Command line entry point."""
-    parser = recipe_parser(__doc__)
-    parser.add_argument("--parts", default=DEFAULT_PARTS,
-                        help='parts to prepare, e.g. "train test" for the full upstream corpus '
-                        "(default: %(default)s)")
-    args = parser.parse_args()
+    args = recipe_parser(__doc__, parts=DEFAULT_PARTS).parse_args()
     run_recipe(prepare, corpus_dir=args.corpus_dir, data_dir=args.data_dir, parts=split_list(args.parts))
 
 

@@ -1,0 +1,69 @@
+"""The command-line conventions of every program (``local/``, ``recipes/``, ``bench/``).
+
+Exit codes, one convention for all:
+  0  done;
+  1  failure: the work ran and did not give a usable result (an export that breaks parity, a node that
+     never arrived, a process that crashed);
+  2  bad input or usage: a missing or malformed file, a wrong option value, a model the stage does not
+     support, or, with ``--strict true``, the first bad utterance. The message says what to fix.
+argparse's own usage errors exit 2 too. ``run_main`` maps exceptions to these codes and logs one line
+without a traceback; an exception of any other type is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Callable
+
+from funasr_recipe.core.rejections import BadInputError
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+# NotImplementedError is a RuntimeError: listed here, it is caught as bad input first (an unsupported
+# model or option), which is what the programs raise it for.
+BAD_INPUT: tuple[type[Exception], ...] = (BadInputError, FileNotFoundError, NotADirectoryError, ValueError,
+                                          NotImplementedError)
+FAILURE: tuple[type[Exception], ...] = (RuntimeError, TimeoutError)
+
+
+class StageFailed(RuntimeError):
+    """The work ran to the end and its result must not be used (exit 1); the message says why."""
+
+
+def run_main(work: Callable[[], int | None], log: logging.Logger | None = None) -> int:
+    """``work()``'s exit code (None counts as 0), with bad input -> 2 and failures -> 1, each logged as
+    one line at the caller's file:line."""
+    log = log or logging.getLogger()
+    try:
+        rc = work()
+    except BAD_INPUT as e:
+        log.error("%s", e, stacklevel=2)
+        return EXIT_BAD_INPUT
+    except FAILURE as e:
+        log.error("%s", e, stacklevel=2)
+        return EXIT_FAILURE
+    return EXIT_OK if rc is None else rc
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the program's own options, the Hydra overrides after ``--``) of a stage program's command line.
+
+    Split by hand: argparse treats a lone trailing ``--`` with nothing after it as an error.
+    """
+    split = argv.index("--") if "--" in argv else len(argv)
+    return argv[:split], argv[split + 1:]
+
+
+def str2bool(value: str) -> bool:
+    """Kaldi-style boolean option value (true/false)."""
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def env_rank(default: int = 0) -> int:
+    """This process's global rank as run.sh and torchrun set it ($RANK)."""
+    return int(os.environ.get("RANK", default))

@@ -1,0 +1,63 @@
+"""Static import graph of the repository's Python files, read from their syntax trees (nothing runs).
+
+Used to ship exactly the modules a stage-5 package's runtime needs (reports/package.py) and to check
+the layering of the package (tests/test_style.py).
+
+  imported_modules(Path("funasr_recipe/runtime/onnx_asr.py"))  # {"numpy", "funasr_recipe.core.env", ...}
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Absolute module names a file imports anywhere in it (functions included): ``import a.b`` gives
+    ``a.b``, ``from a.b import c`` gives ``a.b`` and ``a.b.c`` (c may be a module or a name)."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def module_file(root: Path, module: str) -> Path | None:
+    """The file of a module of the repository at ``root`` (a package's __init__.py), or None."""
+    base = root.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def local_closure(root: Path, module: str, prefix: str) -> list[Path]:
+    """Files of ``module`` and of every module under ``prefix`` it imports, directly or not, with the
+    ``__init__.py`` of each package on the way: what a copy of the module needs to run. Sorted."""
+    files: set[Path] = set()
+    todo = [module]
+    while todo:
+        path = module_file(root, todo.pop())
+        if path is None or path in files:
+            continue
+        files.add(path)
+        todo += [m for m in imported_modules(path) if m == prefix or m.startswith(prefix + ".")]
+        parts = path.relative_to(root).parts
+        for depth in range(1, len(parts)):
+            init = root.joinpath(*parts[:depth], "__init__.py")
+            if init.is_file():
+                files.add(init)
+    return sorted(files)
+
+
+def third_party(files: list[Path], local_prefix: str) -> set[str]:
+    """Top-level names of the modules the files import that are neither the standard library's nor
+    under ``local_prefix``."""
+    import sys
+
+    names = {m.split(".")[0] for f in files for m in imported_modules(f)}
+    return {n for n in names if n not in sys.stdlib_module_names and n != local_prefix and n != "__future__"}

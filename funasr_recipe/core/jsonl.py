@@ -1,0 +1,28 @@
+"""JSON Lines files, read with line numbers so that a bad line is named (``file:line``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """(1-based line number, object) of every non-blank line; ValueError naming file:line on a line that
+    is not a JSON object."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{lineno}: not a JSON object")
+            yield lineno, obj
+
+
+def read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    """``iter_jsonl`` as a list."""
+    return list(iter_jsonl(path))

@@ -1,0 +1,1 @@
+"""Corpus data: Kaldi tables, SenseVoice tags, stage 0's validation and manifest, batches, funasr datasets."""

@@ -1,0 +1,134 @@
+"""Read Kaldi table files (``key value`` lines) as key-sorted streams, in flat memory.
+
+Kaldi data dirs are meant to be sorted by key, but users' files often are not. Each file is
+streamed once, every line parsed in bytes (so a non-UTF-8 line is reported, not fatal), written to
+a temporary file and sorted by GNU ``sort``, which spills to disk: memory stays flat however large
+the corpus. Records keep their 1-based line number so that every problem names its line.
+
+  for rec in sorted_records(Path("data/train/text"), tmp_dir): ...
+  rows = read_table(Path("corpus/data/all/wav.scp"))  # [(key, value)] in file order, small tables
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import unicodedata
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Record:
+    """One line of a Kaldi table file."""
+
+    key: str
+    lineno: int
+    value: str  # everything after the first run of whitespace, stripped
+    error: str | None = None  # non_utf8 | control_chars | None
+    detail: str = ""
+
+
+def has_control_chars(text: str) -> bool:
+    """True if text holds a control character (C0/C1, DEL, or Unicode category Cc/Cf except ZWJ/ZWNJ).
+
+    A tab is not one: Kaldi tables use it as a field separator, and transcripts collapse it.
+    """
+    for ch in text:
+        if ch == "\t":
+            continue
+        cat = unicodedata.category(ch)
+        if cat == "Cc" or (cat == "Cf" and ch not in "\u200c\u200d"):
+            return True
+    return False
+
+
+def parse_line(raw: bytes, lineno: int) -> Record | None:
+    """Parse one raw line; None for a blank line. A key that is not UTF-8 is shown escaped."""
+    line = raw.rstrip(b"\r\n")
+    if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
+        line = line[3:]  # a UTF-8 byte-order mark (Windows editors) marks the encoding; it is no content
+    parts = line.strip().split(None, 1)
+    if not parts:
+        return None
+    key_b = parts[0]
+    value_b = parts[1].strip() if len(parts) > 1 else b""
+    try:
+        key = key_b.decode("utf-8")
+    except UnicodeDecodeError:
+        key = key_b.decode("utf-8", "backslashreplace")
+        return Record(key, lineno, "", "non_utf8", f"key is not UTF-8: {key}")
+    try:
+        value = value_b.decode("utf-8")
+    except UnicodeDecodeError as e:
+        shown = value_b.decode("utf-8", "backslashreplace")
+        return Record(key, lineno, "", "non_utf8", f"byte {e.start} is not UTF-8: {shown!r}")
+    if has_control_chars(key) or has_control_chars(value):
+        return Record(key, lineno, value, "control_chars", f"control character in {value!r}")
+    return Record(key, lineno, value)
+
+
+def count_lines(path: Path) -> int:
+    """Number of lines of a file (streamed)."""
+    n = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            n += block.count(b"\n")
+    return n
+
+
+def sorted_records(path: Path, tmp_dir: Path, blank_lines: list[int] | None = None) -> Iterator[Record]:
+    """Yield the records of a Kaldi file sorted by (key, line number); blank lines are left out
+    and their line numbers appended to ``blank_lines``.
+
+    Sorting is done by ``LC_ALL=C sort`` on UTF-8 bytes, which orders like Python's str comparison,
+    so the streams of several files of one data dir can be merged by key.
+    """
+    unsorted = tmp_dir / f"{path.name}.unsorted"
+    ordered = tmp_dir / f"{path.name}.sorted"
+    with open(path, "rb") as src, open(unsorted, "w", encoding="utf-8") as dst:
+        for lineno, raw in enumerate(src, start=1):
+            rec = parse_line(raw, lineno)
+            if rec is None:
+                if blank_lines is not None:
+                    blank_lines.append(lineno)
+                continue
+            payload = json.dumps([rec.value, rec.error, rec.detail], ensure_ascii=False)
+            dst.write(f"{rec.key}\t{lineno}\t{payload}\n")
+    env = dict(os.environ, LC_ALL="C")
+    subprocess.run(["sort", "-t", "\t", "-k1,1", "-k2,2n", "-s", "-S", "64M", "-T", str(tmp_dir),
+                    "-o", str(ordered), str(unsorted)], check=True, env=env)
+    unsorted.unlink()
+    try:
+        with open(ordered, encoding="utf-8") as f:
+            for line in f:
+                key, lineno, payload = line.rstrip("\n").split("\t", 2)
+                value, error, detail = json.loads(payload)
+                yield Record(key, int(lineno), value, error, detail)
+    finally:
+        ordered.unlink(missing_ok=True)
+
+
+class TableError(ValueError):
+    """A Kaldi table that cannot be read as one: the message names the file and line."""
+
+
+def iter_table(path: Path) -> Iterator[Record]:
+    """Every non-blank line's record, in file order, duplicates kept (streamed). A line that is not
+    UTF-8 raises TableError naming the file and line; other problems are the caller's to judge."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            rec = parse_line(raw, lineno)
+            if rec is None:
+                continue
+            if rec.error == "non_utf8":
+                raise TableError(f"{path}:{lineno}: {rec.detail}")
+            yield rec
+
+
+def read_table(path: Path) -> list[tuple[str, str]]:
+    """``(key, value)`` of every record of ``iter_table``: for a corpus's own tables, which recipes copy as
+    they are (validation is stage 0's)."""
+    return [(rec.key, rec.value) for rec in iter_table(path)]

@@ -1,0 +1,170 @@
+"""Kaldi fbank exactly as funasr's ``WavFrontend`` computes it, from audio read with soundfile.
+
+Reads audio files (any rate, any channel count); returns float32 (frames, n_mels) arrays. The same
+code serves stage 1 (features written once) and the parity test against ``WavFrontend``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+import torchaudio
+from torchaudio.compliance import kaldi
+
+from funasr_recipe.features.audio import load_audio
+
+
+@dataclass(frozen=True)
+class FbankConf:
+    """Kaldi fbank as funasr's ``WavFrontend`` computes it; defaults are WavFrontend's own."""
+
+    fs: int = 16000
+    n_mels: int = 80
+    frame_length: float = 25.0  # ms
+    frame_shift: float = 10.0  # ms
+    window: str = "hamming"
+    lfr_m: int = 1
+    lfr_n: int = 1
+    snip_edges: bool = True
+
+    def fingerprint(self) -> str:
+        """Short hash of the parameters: features made with other parameters are not reused."""
+        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+    @classmethod
+    def from_frontend_conf(cls, conf: dict) -> FbankConf:
+        """From a config's ``frontend_conf`` (other keys ignored), cast to the defaults' types: YAML may
+        say 25 where funasr means 25.0 ms, or "16000"."""
+        defaults = cls()
+        return cls(**{k: type(getattr(defaults, k))(conf[k]) for k in asdict(defaults) if k in conf})
+
+
+@lru_cache(maxsize=32)
+def _resampler(orig: int, new: int) -> torchaudio.transforms.Resample:
+    # The sinc kernel costs more to build than to apply on a short clip: build one per rate pair.
+    return torchaudio.transforms.Resample(orig, new)
+
+
+def resample(wave: torch.Tensor, rate: int, target: int, speed: float = 1.0) -> torch.Tensor:
+    """Resample (1, n) audio to ``target`` Hz, changing speed (and pitch) by ``speed`` on the way.
+
+    Speed perturbation as Kaldi's ``sox speed`` does it: the audio is treated as if recorded at
+    ``rate * speed`` Hz. One resampling does both; torchaudio 2.9 has no ``sox_effects`` any more.
+    """
+    orig = round(rate * speed)
+    if abs(orig / rate - speed) > 1e-6:
+        raise ValueError(f"speed {speed} at {rate} Hz is not a whole number of Hz")
+    if orig == target:
+        return wave
+    g = math.gcd(orig, target)
+    return _resampler(orig // g, target // g)(wave)
+
+
+@lru_cache(maxsize=64)
+def _kernel(window_size: int, n_mels: int, fs: int, window: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Window function, mel matrix (bins, fft/2+1) and FFT size of ``kaldi.fbank``, built once."""
+    padded = 1 << (window_size - 1).bit_length()
+    win = kaldi._feature_window_function(window, window_size, 0.42, torch.device("cpu"), torch.float32)
+    mel, _ = kaldi.get_mel_banks(n_mels, padded, float(fs), 20.0, 0.0, 100.0, -500.0, 1.0)
+    mel = torch.nn.functional.pad(mel, (0, 1), mode="constant", value=0)  # Nyquist bin, as kaldi.fbank
+    # Each row twice: (re, im) pairs of the spectrum squared, times this, sum to power @ mel in one mm.
+    return win, mel.T.repeat_interleave(2, dim=0).contiguous().float(), padded
+
+
+def kaldi_fbank(x: torch.Tensor, conf: FbankConf, frame_length: float) -> torch.Tensor:
+    """``torchaudio.compliance.kaldi.fbank`` with WavFrontend's options (dither 0, energy_floor 0).
+
+    The same arithmetic in the same order, except that the window and mel matrix are cached rather
+    than rebuilt per call, and power is re^2 + im^2 summed inside the mel product rather than
+    abs()^2: together about 2x faster on 3 s clips. tests/test_fbank.py checks it against torchaudio,
+    and tests/test_compute_fbank.py against funasr's WavFrontend.
+    """
+    window_size = int(conf.fs * frame_length * 0.001)
+    win, mel, padded = _kernel(window_size, conf.n_mels, conf.fs, conf.window)
+    return log_mel(frame_signal(x[0], conf, window_size), win, mel, padded)
+
+
+def frame_signal(wave: torch.Tensor, conf: FbankConf, window_size: int) -> torch.Tensor:
+    """(frames, window_size) view of a 1-D signal, Kaldi's framing (``snip_edges`` as configured)."""
+    shift = int(conf.fs * conf.frame_shift * 0.001)
+    if conf.snip_edges:
+        frames = 0 if wave.numel() < window_size else 1 + (wave.numel() - window_size) // shift
+        return wave.as_strided((frames, window_size), (shift, 1))
+    return kaldi._get_strided(wave, window_size, shift, False)
+
+
+def log_mel(strided: torch.Tensor, win: torch.Tensor, mel: torch.Tensor, padded: int) -> torch.Tensor:
+    """Log mel energies of (frames, window) samples; every step is per frame, so the frames of several
+    clips stacked give each clip's own values."""
+    frames = strided - strided.mean(dim=1, keepdim=True)
+    # Pre-emphasis x[i] - 0.97 x[i-1] (x[-1] = x[0]) as a product then a difference, in place: the
+    # same two roundings as torchaudio's (a fused a - 0.97 b would differ by up to 4e-3 in log-mel).
+    prev = torch.empty_like(frames)
+    torch.mul(frames[:, :-1], 0.97, out=prev[:, 1:])
+    torch.mul(frames[:, :1], 0.97, out=prev[:, :1])
+    frames.sub_(prev).mul_(win)
+    spec = torch.view_as_real(torch.fft.rfft(frames, n=padded)).reshape(frames.shape[0], -1).square_()
+    return torch.mm(spec, mel).clamp_min_(torch.finfo(torch.float32).eps).log_()
+
+
+class FbankExtractor:
+    """fbank of ``WavFrontend`` with dither off: same window, mel bins, framing and scaling."""
+
+    def __init__(self, conf: FbankConf) -> None:
+        self.conf = conf
+
+    def from_wave(self, wave: np.ndarray, rate: int, speed: float = 1.0) -> np.ndarray:
+        """(frames, n_mels) float32 from (samples,) or (samples, channels) float audio in [-1, 1]."""
+        if wave.ndim == 2:
+            wave = wave.mean(axis=1) if wave.shape[1] > 1 else wave[:, 0]
+        x = torch.from_numpy(np.ascontiguousarray(wave, dtype=np.float32))[None]
+        x = resample(x, rate, self.conf.fs, speed)
+        # WavFrontend scales to the int16 range and shortens the window for clips under 25 ms.
+        x = x * (1 << 15)
+        frame_length = min(self.conf.frame_length, x.shape[1] / self.conf.fs * 1000)
+        with torch.no_grad():
+            return kaldi_fbank(x, self.conf, frame_length).numpy()
+
+    def from_waves(self, waves: list[tuple[np.ndarray, int]]) -> list[np.ndarray]:
+        """``from_wave`` of several clips, (audio, rate) each, with one resampling call per rate and one
+        fbank call for all: per-call overhead, not arithmetic, is most of a short clip's cost. Each
+        clip's frames are computed exactly as alone (the zero padding of the resampler's batch is the
+        zero padding it adds anyway)."""
+        conf = self.conf
+        monos = [w.mean(axis=1) if w.ndim == 2 and w.shape[1] > 1 else w.reshape(len(w), -1)[:, 0]
+                 for w, _ in waves]
+        scaled: list[torch.Tensor | None] = [None] * len(waves)
+        with torch.no_grad():
+            for rate in {r for _, r in waves}:
+                index = [i for i, (_, r) in enumerate(waves) if r == rate]
+                batch = torch.zeros(len(index), max(len(monos[i]) for i in index))
+                for row, i in enumerate(index):
+                    batch[row, : len(monos[i])] = torch.from_numpy(np.asarray(monos[i], dtype=np.float32))
+                out = resample(batch, rate, conf.fs) * (1 << 15)
+                g = math.gcd(rate, conf.fs)
+                for row, i in enumerate(index):  # torchaudio's own output length, ceil(n * new / orig)
+                    scaled[i] = out[row, : -(-len(monos[i]) * (conf.fs // g) // (rate // g))]
+            window_size = int(conf.fs * conf.frame_length * 0.001)
+            full = [i for i, x in enumerate(scaled) if x.numel() >= window_size]
+            result: list[np.ndarray | None] = [None] * len(waves)
+            for i in set(range(len(waves))) - set(full):  # under 25 ms: WavFrontend shortens the window
+                result[i] = kaldi_fbank(scaled[i][None], conf, scaled[i].numel() / conf.fs * 1000).numpy()
+            if full:
+                win, mel, padded = _kernel(window_size, conf.n_mels, conf.fs, conf.window)
+                strided = [frame_signal(scaled[i], conf, window_size) for i in full]
+                feats = log_mel(torch.cat(strided), win, mel, padded).numpy()
+                for i, part in zip(full, np.split(feats, np.cumsum([len(s) for s in strided])[:-1]),
+                                   strict=True):
+                    result[i] = part
+        return result
+
+    def from_file(self, source: str, speed: float = 1.0) -> np.ndarray:
+        """fbank of an audio file or Kaldi pipe; raises ``features.audio.AudioError`` on bad audio."""
+        wave, rate = load_audio(source)
+        return self.from_wave(wave, rate, speed)

@@ -1,0 +1,1 @@
+"""Models: configs, tokenizers, the recipe's classes, checkpoints, hub-format model dirs, the trainer."""

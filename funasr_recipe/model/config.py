@@ -1,0 +1,52 @@
+"""Read a recipe model config (conf/*.yaml, Hydra/funasr format) plus command-line overrides.
+
+Stage programs need a few facts from it before funasr sees it: the frontend parameters (stage 1
+computes the same fbank as the model's ``WavFrontend``), which tokenizer to build for a from-scratch
+model, and whether the model starts from a pretrained one (whose ``am.mvn`` and tokenizer are kept).
+
+Recipe-only keys, which funasr ignores:
+  ``build_tokenizer: {kind, vocab_size, sp_type}``  a from-scratch model's tokenizer (stage 1 builds it)
+  ``pretrained_model: <hub name or dir>``           fine-tune this model (stage 2 resolves it)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from funasr_recipe.features.fbank import FbankConf
+
+
+def load_config(path: Path, overrides: list[str] | None = None) -> DictConfig:
+    """The YAML at ``path`` with Hydra-style overrides (``++a.b=v``, ``+a.b=v``, ``a.b=v``) applied."""
+    if not path.is_file():
+        raise FileNotFoundError(f"model config not found: {path}")
+    cfg = OmegaConf.load(path)
+    dotlist = [o.lstrip("+") for o in overrides or [] if not o.startswith("~")]
+    if dotlist:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
+    return cfg
+
+
+def fbank_conf(cfg: DictConfig) -> FbankConf:
+    """The frontend parameters; only ``WavFrontend`` (what SenseVoice, Paraformer and ours use) is known."""
+    frontend = cfg.get("frontend", "WavFrontend")
+    if frontend not in ("WavFrontend", "wav_frontend"):
+        raise ValueError(f"frontend '{frontend}': stage 1 computes features for WavFrontend only; "
+                         "use --feats-type raw for other frontends")
+    return FbankConf.from_frontend_conf(OmegaConf.to_container(cfg.get("frontend_conf") or {}, resolve=True))
+
+
+def pretrained_model(cfg: DictConfig) -> str | None:
+    """Hub name or directory of the model to fine-tune, or None for a from-scratch model."""
+    value = cfg.get("pretrained_model")
+    return str(value) if value else None
+
+
+def tokenizer_spec(cfg: DictConfig) -> dict | None:
+    """``build_tokenizer`` of a from-scratch config, or None when the pretrained model brings one."""
+    if pretrained_model(cfg):
+        return None
+    spec = cfg.get("build_tokenizer")
+    return None if spec is None else OmegaConf.to_container(spec, resolve=True)

@@ -1,0 +1,101 @@
+"""Model dirs in the hub's format: written from a training run, recognised, loaded, described.
+
+Reads  <exp-dir>/config.yaml (funasr's resolved config) and a checkpoint of <exp-dir>: a DeepSpeed
+       checkpoint dir (its fp32 master weights, through DeepSpeed's zero_to_fp32) or a state-dict file;
+       the am.mvn and tokenizer files the config points at;
+writes <out>/{model.pt (fp32 state dict), config.yaml (file names relative to <out>), am.mvn,
+       the tokenizer model, tokens.json, configuration.json}: the layout of ModelScope's
+       iic/SenseVoiceSmall, so that funasr's AutoModel, funasr's trainer (fine-tuning with
+       ``--pretrained-dir <out>``) and the next stages take it like a downloaded model.
+``load_automodel`` is the one way the stages open a model dir in PyTorch (funasr's AutoModel, offline,
+with the recipe's model classes registered and dither off).
+
+  make_model_dir(Path("exp/tiny_sensevoice"), "model.pt.best", Path("exp/tiny_sensevoice/best_model"))
+  model = load_automodel(Path("exp/tiny_sensevoice/final"), device="cpu", threads=2)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from funasr_recipe.model.checkpoint import fp32_state_dict
+
+log = logging.getLogger(__name__)
+
+
+MODEL_FILES = ("configuration.json", "config.yaml")
+
+
+def is_model_dir(path: Path) -> bool:
+    """A dir with model.pt and configuration.json or config.yaml: a hub model or one of ours."""
+    return path.is_dir() and any((path / f).is_file() for f in MODEL_FILES) and (path / "model.pt").exists()
+
+
+def make_model_dir(exp_dir: Path, checkpoint: str, out: Path, info: dict | None = None) -> Path:
+    """Write ``out`` from ``exp_dir``; returns it. ``info`` goes into configuration.json's "recipe"."""
+    cfg = OmegaConf.load(exp_dir / "config.yaml")
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(fp32_state_dict(exp_dir, checkpoint), out / "model.pt")
+    metas: dict = {"init_param": "model.pt", "config": "config.yaml"}
+    cmvn = OmegaConf.select(cfg, "frontend_conf.cmvn_file")
+    if cmvn:
+        shutil.copyfile(cmvn, out / "am.mvn")
+        cfg.frontend_conf.cmvn_file = "am.mvn"
+        metas["frontend_conf"] = {"cmvn_file": "am.mvn"}
+    bpe = OmegaConf.select(cfg, "tokenizer_conf.bpemodel")
+    if bpe:
+        shutil.copyfile(bpe, out / Path(bpe).name)
+        tokens = Path(bpe).with_name("tokens.json")
+        if tokens.is_file():
+            shutil.copyfile(tokens, out / "tokens.json")
+        cfg.tokenizer_conf.bpemodel = Path(bpe).name
+        metas["tokenizer_conf"] = {"bpemodel": Path(bpe).name}
+    for key in ("train_data_set_list", "valid_data_set_list", "output_dir", "init_param"):
+        cfg.pop(key, None)  # paths of this run, meaningless elsewhere
+    OmegaConf.save(cfg, out / "config.yaml")
+    configuration = {"framework": "pytorch", "task": "auto-speech-recognition",
+                     "model": {"type": "funasr"}, "pipeline": {"type": "funasr-pipeline"},
+                     "model_name_in_hub": {"ms": "", "hf": ""}, "file_path_metas": metas,
+                     "recipe": {"exp_dir": str(exp_dir.resolve()), "checkpoint": checkpoint, **(info or {})}}
+    (out / "configuration.json").write_text(json.dumps(configuration, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def model_label(model_dir: Path, tag: str, pretrained: bool = False) -> str:
+    """How results name a model: ``pretrained <dir name>`` for the model a run fine-tuned from, else
+    ``<tag> <checkpoint>`` (``tiny_sensevoice avg5``: the checkpoint make_model_dir recorded in
+    configuration.json, without its ``model.pt.`` prefix)."""
+    if pretrained:
+        return f"pretrained {Path(model_dir).resolve().name}"
+    path = model_dir / "configuration.json"
+    recipe = json.loads(path.read_text(encoding="utf-8")).get("recipe") if path.is_file() else None
+    if not recipe or "checkpoint" not in recipe:
+        raise ValueError(f"{path}: no recipe checkpoint; is {model_dir} a model dir of this recipe's "
+                         "stage 3?")
+    return f"{tag} {str(recipe['checkpoint']).removeprefix('model.pt.')}"
+
+
+def load_automodel(model_dir: Path, device: str = "cpu", threads: int | None = None) -> Any:
+    """funasr's AutoModel on a local model dir (no hub), with the recipe's model classes registered and the
+    frontend's dither off."""
+    from funasr import AutoModel
+
+    import funasr_recipe.model.conformer_ctc  # noqa: F401  (registers ConformerCTC)
+
+    # ncpu: AutoModel otherwise sets 4 torch threads (torch.set_num_threads), whatever the launcher chose.
+    model = AutoModel(model=str(model_dir), device=device, disable_update=True, disable_pbar=True,
+                      disable_log=True, ncpu=threads or torch.get_num_threads())
+    frontend = model.kwargs.get("frontend")
+    if getattr(frontend, "dither", 0.0):
+        # A model dir without dither: 0.0 (a hub model's) would add random noise to every input: scores
+        # would change from run to run, and stage 1's features, which training saw, have none.
+        log.info("decoding with the frontend's dither %s set to 0", frontend.dither)
+        frontend.dither = 0.0
+    return model

@@ -1,0 +1,226 @@
+"""Build the sentencepiece tokenizer of a from-scratch model from the training transcripts.
+
+Reads  a funasr JSONL (data/<train>/data.jsonl; only the ``target`` field of each line);
+writes <out-dir>/<model file>, <out-dir>/tokens.json (every piece, in id order) and
+<out-dir>/tokenizer.json (what was built, from what).
+
+  build_tokenizer(Path("data/train/data.jsonl"), Path("dump/tokenizer/x"), kind="bpe", vocab_size=500)
+
+Kinds:
+  bpe, unigram, char, word   tokenizer.model for Conformer-CTC / Paraformer: 0 <blank>, 1 <s>, 2 </s>,
+                             3 <unk>, because funasr's CTC takes blank_id 0 and Paraformer sos=1, eos=2.
+  sensevoice                 chn_jpn_yue_eng_ko_spectok.bpe.model for the unmodified funasr
+                             SenseVoiceSmall, which hard-codes token ids of the released tokenizer:
+                             learned pieces first, the tags of data/tags.py at fixed ids
+                             from 24884, unused filler pieces in between, 25055 pieces in all.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+from pathlib import Path
+
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as sp_pb2
+
+from funasr_recipe.core.jsonl import iter_jsonl
+from funasr_recipe.data.tags import EMOTIONS, EVENTS, ITN, LANGUAGES
+
+log = logging.getLogger(__name__)
+
+PLAIN_KINDS = ("bpe", "unigram", "char", "word")
+KINDS = (*PLAIN_KINDS, "sensevoice")
+SENSEVOICE_VOCAB_SIZE = 25055
+FIRST_TAG_ID = 24884  # learned pieces must all sit below the first tag
+
+# The file names the runtimes look for: funasr-onnx's SenseVoiceSmall loads the sensevoice one from
+# the model dir by this exact name.
+MODEL_FILE = {"sensevoice": "chn_jpn_yue_eng_ko_spectok.bpe.model",
+              **{kind: "tokenizer.model" for kind in PLAIN_KINDS}}
+
+# Ids that funasr 1.4.16 SenseVoiceSmall (and funasr-onnx's copy of it) hard-code: lid_int_dict,
+# emo_dict and textnorm_int_dict in funasr/models/sense_voice/model.py. Only these are guaranteed to
+# equal the released tokenizer's ids.
+_MODEL_HARD_CODED = {
+    "<|zh|>": 24884, "<|en|>": 24885, "<|yue|>": 24888, "<|ja|>": 24892, "<|ko|>": 24896,
+    "<|nospeech|>": 24992,
+    "<|HAPPY|>": 25001, "<|SAD|>": 25002, "<|ANGRY|>": 25003, "<|NEUTRAL|>": 25004,
+    "<|EMO_UNKNOWN|>": 25009,
+    "<|withitn|>": 25016, "<|woitn|>": 25017,
+}
+# The other tags are not hard-coded by the model; these free ids in the tag range are our choice and
+# need not match the release (a model trained with this tokenizer only has to agree with itself).
+_OUR_CHOICE = {
+    "<|FEARFUL|>": 25005, "<|DISGUSTED|>": 25006, "<|SURPRISED|>": 25007,
+    "<|Speech|>": 24993, "<|BGM|>": 24994, "<|Applause|>": 24995, "<|Laughter|>": 24996,
+    "<|Cry|>": 24997, "<|Sneeze|>": 24998, "<|Breath|>": 24999, "<|Cough|>": 25000,
+    "<|Sing|>": 25010, "<|Speech_Noise|>": 25011, "<|Event_UNK|>": 25012,
+}
+
+
+def _tag_table() -> dict[str, int]:
+    table = {**_MODEL_HARD_CODED, **_OUR_CHOICE}
+    wanted = {f"<|{name}|>" for name in (*LANGUAGES, *EMOTIONS, *EVENTS, *ITN)}
+    # Fail at import rather than at training time if data/tags.py gains a tag.
+    if set(table) != wanted:
+        raise RuntimeError(f"SenseVoice tag ids out of step with funasr_recipe/data/tags.py: "
+                           f"no id for {sorted(wanted - set(table))}, unknown {sorted(set(table) - wanted)}")
+    ids = list(table.values())
+    if len(set(ids)) != len(ids) or not all(FIRST_TAG_ID <= i < SENSEVOICE_VOCAB_SIZE for i in ids):
+        raise RuntimeError("SenseVoice tag ids must be distinct and inside the tag range")
+    return dict(sorted(table.items(), key=lambda kv: kv[1]))
+
+
+SENSEVOICE_TAG_IDS: dict[str, int] = _tag_table()
+
+
+def model_file_name(kind: str) -> str:
+    """File name of the sentencepiece model that build_tokenizer writes for this kind."""
+    if kind not in MODEL_FILE:
+        raise ValueError(f"unknown tokenizer kind {kind!r}; choose one of {', '.join(KINDS)}")
+    return MODEL_FILE[kind]
+
+
+def read_targets(jsonl: Path) -> list[str]:
+    """The ``target`` of every line of a funasr JSONL; ValueError naming file:line on a bad line."""
+    targets = []
+    for lineno, obj in iter_jsonl(jsonl):
+        where = f"{jsonl}:{lineno}"
+        target = obj.get("target")
+        if not isinstance(target, str):
+            raise ValueError(f"{where}: no string 'target' field")
+        if not target.strip():
+            raise ValueError(f"{where}: empty transcript (key {obj.get('key', '?')}); fix or drop it in "
+                             "stage 0")
+        targets.append(target)
+    if not targets:
+        raise ValueError(f"{jsonl}: no transcripts")
+    return targets
+
+
+def _train(texts: list[str], model_type: str, vocab_size: int, **ids: int | str | bool) -> bytes:
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=out, model_type=model_type, vocab_size=vocab_size,
+        # A digit corpus has ~90 possible BPE pieces: ask for 500 and get what the data holds.
+        hard_vocab_limit=False,
+        # char: every character, whatever vocab_size says, or rare ones would decode as <unk>.
+        use_all_vocab=model_type == "char",
+        character_coverage=1.0,
+        # No NFKC: the decoded hypothesis must equal the reference text that scoring compares it to;
+        # text normalisation belongs to stage 0, where it is counted and reported.
+        normalization_rule_name="identity",
+        # Bound memory on large corpora; a sample of 2M sentences is plenty for a vocabulary.
+        input_sentence_size=2_000_000, shuffle_input_sentence=True,
+        minloglevel=2, **ids)
+    return out.getvalue()
+
+
+def _add_sensevoice_tags(model: bytes) -> bytes:
+    proto = sp_pb2.ModelProto()
+    proto.ParseFromString(model)
+    learned = len(proto.pieces)
+    if learned > FIRST_TAG_ID:
+        raise ValueError(f"{learned} learned pieces do not fit below the first SenseVoice tag id "
+                         f"{FIRST_TAG_ID}; lower --vocab-size")
+    clash = {p.piece for p in proto.pieces} & set(SENSEVOICE_TAG_IDS)
+    if clash:
+        raise ValueError(f"transcripts contain tag strings {sorted(clash)} often enough to be learned "
+                         "as pieces; tags belong in the tag fields of the JSONL, not in 'target'")
+    tag_at = {i: tag for tag, i in SENSEVOICE_TAG_IDS.items()}
+    for i in range(learned, SENSEVOICE_VOCAB_SIZE):
+        piece = proto.pieces.add()
+        piece.score = 0.0
+        if i in tag_at:
+            # USER_DEFINED pieces are matched whole before segmentation, so a tag is one token.
+            piece.piece, piece.type = tag_at[i], sp_pb2.ModelProto.SentencePiece.USER_DEFINED
+        else:
+            # UNUSED pieces are never produced by encoding; they only hold ids in place.
+            piece.piece, piece.type = f"<unused_{i}>", sp_pb2.ModelProto.SentencePiece.UNUSED
+    proto.trainer_spec.vocab_size = SENSEVOICE_VOCAB_SIZE
+    return proto.SerializeToString()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    # A reader on another node (shared filesystem) sees the old file or the new one, never half.
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _report_round_trip(sp: spm.SentencePieceProcessor, texts: list[str]) -> None:
+    # Counted, not fatal: a word vocabulary smaller than the corpus's words is a legitimate choice.
+    bad = [t for t, ids in zip(texts, sp.encode(texts), strict=True) if sp.decode(ids) != t]
+    if bad:
+        log.warning("%d of %d transcripts do not survive encode/decode (unknown characters or words, "
+                    "or extra whitespace); first: %r -> %r", len(bad), len(texts), bad[0],
+                    sp.decode(sp.encode(bad[0])))
+
+
+def build_tokenizer(jsonl: Path, out_dir: Path, kind: str, vocab_size: int, sp_type: str = "bpe") -> Path:
+    """Train the tokenizer of `kind` on the targets of `jsonl`, write it into `out_dir`, return its path.
+
+    `sp_type` is the sentencepiece model type under the tags of the ``sensevoice`` kind; the plain
+    kinds are their own model type and ignore it.
+    """
+    jsonl, out_dir = Path(jsonl), Path(out_dir)
+    model_path = out_dir / model_file_name(kind)
+    if vocab_size < 1:
+        raise ValueError(f"vocab size must be positive, got {vocab_size}")
+    texts = read_targets(jsonl)
+    if kind == "sensevoice":
+        if sp_type not in PLAIN_KINDS:
+            raise ValueError(f"unknown sentencepiece type {sp_type!r}; "
+                             f"choose one of {', '.join(PLAIN_KINDS)}")
+        if vocab_size > FIRST_TAG_ID:
+            raise ValueError(f"--vocab-size {vocab_size}: SenseVoice's learned pieces must fit below "
+                             f"{FIRST_TAG_ID}, the first tag id")
+        # Released layout: <unk> 0 (SenseVoiceSmall's CTC blank), <s> 1, </s> 2. No dummy prefix, so
+        # that a tag encoded on its own (as SenseVoiceCTCDataset does) is exactly one token.
+        model = _train(texts, sp_type, vocab_size, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                       add_dummy_prefix=False)
+    else:
+        sp_type = kind
+        model = _train(texts, kind, vocab_size, pad_id=0, pad_piece="<blank>", bos_id=1, eos_id=2,
+                       unk_id=3)
+    learned = spm.SentencePieceProcessor(model_proto=model).get_piece_size()
+    if kind == "sensevoice":
+        model = _add_sensevoice_tags(model)
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    _report_round_trip(sp, texts)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    info: dict[str, object] = {
+        "kind": kind, "sp_type": sp_type, "vocab_size": len(pieces), "requested_vocab_size": vocab_size,
+        "learned_pieces": learned, "model_file": model_path.name, "jsonl": str(jsonl),
+        "num_transcripts": len(texts),
+    }
+    if kind == "sensevoice":
+        info["tag_ids"] = SENSEVOICE_TAG_IDS
+    _write_atomic(model_path, model)
+    _write_atomic(out_dir / "tokens.json", json.dumps(pieces, ensure_ascii=False, indent=0).encode())
+    _write_atomic(out_dir / "tokenizer.json", json.dumps(info, ensure_ascii=False, indent=2).encode())
+    if kind == "sensevoice":
+        check_tags(model_path)
+    log.info("%s tokenizer (%s): %d pieces learned from %d transcripts (asked for %d), %d in all -> %s",
+             kind, sp_type, learned, len(texts), vocab_size, len(pieces), model_path)
+    return model_path
+
+
+def check_tags(model_path: Path) -> None:
+    """Raise ValueError naming the first SenseVoice tag that is not exactly one token at its id.
+
+    Encodes with EncodeAsIds, the call funasr's SentencepiecesTokenizer.encode makes.
+    """
+    sp = spm.SentencePieceProcessor(model_file=str(model_path))
+    if sp.get_piece_size() != SENSEVOICE_VOCAB_SIZE:
+        raise ValueError(f"{model_path}: {sp.get_piece_size()} pieces; SenseVoiceSmall needs "
+                         f"{SENSEVOICE_VOCAB_SIZE}")
+    for tag, want in SENSEVOICE_TAG_IDS.items():
+        got = sp.EncodeAsIds(tag)
+        if got != [want]:
+            raise ValueError(f"{model_path}: tag {tag} encodes to {got}, SenseVoiceSmall needs [{want}]")

@@ -1,0 +1,114 @@
+"""What stage 2 hands to funasr's own trainer: the recipe's classes registered, the CPU patch, and the
+recipe's options as Hydra overrides of ``funasr.bin.train_ds.main_hydra`` (the trainer is not forked).
+
+Reads  the model config, dump/<set>/data.jsonl (or data/<set>/data.jsonl with --feats-type raw),
+       dump/<train>/am.lfr<m>x<n>.mvn and dump/tokenizer/<tag>/ for a from-scratch model (the paths it
+       puts in the overrides); writes nothing.
+
+  run_trainer(hydra_argv(TrainSetup(config=Path("conf/tiny_sensevoice.yaml"), ...), overrides))
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from funasr_recipe.core.log import log_format
+from funasr_recipe.features.cmvn import cmvn_name
+from funasr_recipe.model.config import fbank_conf, load_config, pretrained_model, tokenizer_spec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """The recipe's options of one training run (local/train.py's command line)."""
+
+    config: Path
+    exp_dir: Path
+    train_set: str
+    valid_set: str
+    data_dir: Path = Path("data")
+    dump_dir: Path = Path("dump")
+    feats_type: str = "fbank"  # fbank: stage-1 features; raw: funasr's datasets on the audio
+    train_engine: str = "deepspeed"  # or ddp
+    ds_config: Path = Path("ds_configs/ds_stage1_bf16.json")
+    device: str = "cpu"
+    pretrained_dir: Path | None = None
+
+
+def tokenizer_file(dump_dir: Path, tag: str, kind: str) -> Path:
+    """Where stage 1 wrote a from-scratch config's tokenizer model."""
+    from funasr_recipe.model.tokenizer import model_file_name
+
+    return dump_dir / "tokenizer" / tag / model_file_name(kind)
+
+
+def hydra_argv(args: TrainSetup, overrides: list[str]) -> list[str]:
+    """The command line funasr's ``main_hydra`` gets: config, recipe settings, then the user's overrides."""
+    from funasr_recipe.data.feats_dataset import FBANK_DATASETS
+
+    cfg = load_config(args.config, overrides)
+    tag = args.config.stem
+    exp = args.exp_dir.resolve()
+    argv = [f"--config-path={args.config.parent.resolve()}", f"--config-name={args.config.name}",
+            f"hydra.run.dir={exp}", "hydra.output_subdir=.hydra",
+            f"hydra.job_logging.formatters.simple.format='{log_format()}'",
+            f"++output_dir={exp}", f"++device={args.device}",
+            f"++backend={'nccl' if args.device == 'cuda' else 'gloo'}",
+            f"++train_conf.use_deepspeed={str(args.train_engine == 'deepspeed').lower()}",
+            f"++train_conf.deepspeed_config={args.ds_config.resolve()}",
+            # One JSONL per set: the hub's data_split_num (32 for SenseVoice) would repeat it 32 times.
+            "++dataset_conf.data_split_num=1",
+            # funasr's AutoModel, which builds the model inside train_ds, calls
+            # torch.set_num_threads(ncpu) with ncpu 4 by default, overriding OMP_NUM_THREADS: two ranks
+            # on two cores then ran eight OpenMP threads that spun in barriers (80% system time, 1.2x
+            # scaling). Keep the launcher's per-rank thread count.
+            f"++ncpu={torch.get_num_threads()}"]
+    source = args.dump_dir if args.feats_type == "fbank" else args.data_dir
+    argv += [f"++train_data_set_list={(source / args.train_set / 'data.jsonl').resolve()}",
+             f"++valid_data_set_list={(source / args.valid_set / 'data.jsonl').resolve()}"]
+    if args.feats_type == "fbank":
+        dataset = cfg.get("dataset", "AudioDataset")
+        if dataset not in FBANK_DATASETS:
+            raise ValueError(f"dataset {dataset} has no stage-1 feature variant "
+                             f"(have {sorted(FBANK_DATASETS)}); use --feats-type raw")
+        argv.append(f"++dataset={FBANK_DATASETS[dataset]}")
+    if pretrained_model(cfg) is not None:
+        if args.pretrained_dir is None:
+            raise ValueError(f"{args.config} fine-tunes {pretrained_model(cfg)}: give its local copy with "
+                             "--pretrained-dir (run.sh resolves it with local/resolve_model.py)")
+        # funasr reads a model dir given as `model` (no model_conf): its config, weights (init_param),
+        # am.mvn and tokenizer; our config's settings are merged over the model's.
+        argv.append(f"++model={args.pretrained_dir.resolve()}")
+    else:
+        cmvn = args.dump_dir / args.train_set / cmvn_name(fbank_conf(cfg))
+        argv.append(f"++frontend_conf.cmvn_file={cmvn.resolve()}")
+        spec = tokenizer_spec(cfg)
+        if spec is not None:
+            model = tokenizer_file(args.dump_dir, tag, spec["kind"]).resolve()
+            argv.append(f"++tokenizer_conf.bpemodel={model}")
+    return argv + overrides
+
+
+def register_recipe_classes() -> None:
+    """Put the recipe's datasets, sampler and model classes in funasr's registry tables (importing them)."""
+    import funasr_recipe.data.batch_sampler  # noqa: F401  (LengthBucketBatchSampler)
+    import funasr_recipe.data.feats_dataset  # noqa: F401  (the Fbank* datasets)
+    import funasr_recipe.model.conformer_ctc  # noqa: F401  (ConformerCTC)
+
+
+def run_trainer(hydra_args: list[str]) -> None:
+    """funasr's ``train_ds.main_hydra`` with these arguments, the CPU patch applied (a no-op with CUDA)."""
+    from funasr_recipe.model import funasr_cpu_patch
+
+    register_recipe_classes()
+    funasr_cpu_patch.apply()
+    from funasr.bin.train_ds import main_hydra
+
+    sys.argv = [sys.argv[0], *hydra_args]
+    main_hydra()

@@ -1,0 +1,198 @@
+"""Parity of an ONNX export with its PyTorch model on real audio (stage 4's check; local/export.py runs it).
+
+Reads the utterances of a stage-0 data.jsonl (key, source = audio path, target, text_language), the
+PyTorch model (funasr's AutoModel) and <export-dir>/model.onnx and model_quant.onnx; returns the
+report that local/export.py writes as <export-dir>/parity.json.
+
+Each utterance's features (fbank + LFR + CMVN) are computed once, by the model's own frontend with
+dither off, and fed to all three: PyTorch through the model's own ``inference`` (what stage 3 decodes
+with), ONNX fp32 and int8 through the recipe's runtime (runtime/onnx_asr.py: the session and the
+decoding rule that the benchmark, the package and the server run). That runtime decodes with the rule
+of the model's ``inference``, so that a difference means the networks differ, never the decoding code:
+greedy CTC for SenseVoiceSmall (with language "auto" and no ITN, as stage 3 and funasr-onnx decode)
+and ConformerCTC, and for Paraformer the argmax of each of the predictor's tokens. One utterance at a
+time, so that no padding enters either side (funasr's Paraformer, and ConformerCTC's conv2d
+subsampling, score an utterance differently inside a padded batch, in PyTorch as in ONNX). An input
+too short for the model (funasr returns nothing, onnxruntime raises) counts as an empty transcript and
+is listed under "no_output".
+
+Pass: fp32 transcripts (SenseVoice tags included) identical to PyTorch on >= 99% of utterances, and
+int8's error rate (``scoring.error_rate.corpus_error_rate``, tags stripped) within 1% absolute of fp32's.
+The largest absolute log-probability difference between PyTorch and fp32 is reported, not gated.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from funasr.models.transformer.utils.subsampling import TooShortUttError
+
+from funasr_recipe.core.log import Progress
+from funasr_recipe.data.tags import strip_tags
+from funasr_recipe.features.audio import AudioError, load_audio
+from funasr_recipe.features.fbank import resample
+from funasr_recipe.runtime.export import family_of
+from funasr_recipe.runtime.onnx_asr import NO_OUTPUT, OnnxASR
+from funasr_recipe.scoring.error_rate import corpus_error_rate
+
+log = logging.getLogger(__name__)
+
+MIN_IDENTICAL = 0.99
+MAX_INT8_WER_DELTA = 0.01
+# An input too short for the model (conv subsampling; a Paraformer predicting no token): funasr's
+# inference returns no transcript, onnxruntime raises (and funasr-onnx returns ""). Both count as "".
+_NO_OUTPUT = (TooShortUttError, *NO_OUTPUT)
+
+
+class TorchSide:
+    """The PyTorch model of an AutoModel: its frontend (dither off) and its own ``inference``."""
+
+    def __init__(self, automodel: Any) -> None:
+        self.model = automodel.model.eval()
+        self.family = family_of(self.model)
+        self.tokenizer = automodel.kwargs["tokenizer"]
+        # funasr's WavFrontend dithers by default (random noise in every call): both sides must see the
+        # same features, and stage 1 computes them without dither too.
+        self.frontend = copy.copy(automodel.kwargs["frontend"])
+        self.frontend.dither = 0.0
+        # The module whose output holds the scores that inference takes its argmax of (pre-softmax).
+        self.scored = self.model.decoder if self.family == "Paraformer" else self.model.ctc.ctc_lo
+
+    @torch.no_grad()
+    def features(self, source: str) -> torch.Tensor:
+        """(frames, dim) model input of one audio file; raises AudioError."""
+        data, rate = load_audio(source)
+        wave = resample(torch.from_numpy(data.mean(axis=1))[None], rate, int(self.frontend.fs))
+        feats, _ = self.frontend(wave, torch.tensor([wave.shape[1]]))
+        return feats[0]
+
+    @torch.no_grad()
+    def decode(self, key: str, feats: torch.Tensor) -> tuple[str, np.ndarray | None]:
+        """(transcript, (n, vocab) log-probs or None when the model produced no scores)."""
+        captured: list[torch.Tensor] = []
+        handle = self.scored.register_forward_hook(
+            lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple) else out))
+        # inference adds to the lengths in place (SenseVoice's prompt): give it a fresh tensor.
+        lengths = torch.tensor([feats.shape[0]])
+        try:
+            out = self.model.inference(
+                feats[None], data_lengths=lengths[:, None] if self.family == "Paraformer" else lengths,
+                key=[key], tokenizer=self.tokenizer, frontend=self.frontend, data_type="fbank",
+                device="cpu", language="auto", use_itn=False)
+        finally:
+            handle.remove()
+        results = out[0] if out else []  # Paraformer returns [], not ([], meta), when it predicts no token
+        text = results[0]["text"] if results else ""
+        scores = torch.log_softmax(captured[-1][0].float(), dim=-1).numpy() if captured else None
+        return text, scores
+
+
+def onnx_decode(asr: OnnxASR, feats: torch.Tensor) -> tuple[str, np.ndarray | None]:
+    """(transcript, (n, vocab) log-probs or None without output frames) of one utterance's features, by
+    the recipe's runtime."""
+    scores, lengths = asr.infer([feats.numpy().astype(np.float32)])
+    n = int(lengths[0])
+    if n < 1:
+        return "", None
+    lp = torch.log_softmax(torch.from_numpy(scores[0, :n]).float(), dim=-1).numpy()
+    return asr.decode(lp, n), lp
+
+
+def _decode(side: str, key: str, decode: Any, args: tuple,
+            errors: list[dict]) -> tuple[str, np.ndarray | None]:
+    try:
+        return decode(*args)
+    except _NO_OUTPUT as e:
+        log.warning("%s: %s gives no output (%s: %s); counted as an empty transcript", key, side,
+                    type(e).__name__, str(e).splitlines()[0][:200])
+        errors.append({"key": key, "side": side, "error": type(e).__name__})
+        return "", None
+
+
+def _max_diff(a: np.ndarray | None, b: np.ndarray | None) -> tuple[float, bool]:
+    """(largest |a - b| over the common frames, whether the lengths agree)."""
+    if a is None or b is None:
+        return 0.0, a is None and b is None
+    n = min(len(a), len(b))
+    diff = float(np.abs(a[:n] - b[:n]).max()) if n else 0.0
+    return diff, a.shape == b.shape
+
+
+def _rate(refs: list[str], hyps: list[str], langs: list[str | None]) -> float | None:
+    rate = corpus_error_rate(refs, [strip_tags(h) for h in hyps], langs)
+    return None if math.isinf(rate) else rate
+
+
+def check_parity(automodel: Any, export_dir: Path, utts: list[dict], threads: int,
+                 min_identical: float = MIN_IDENTICAL, max_int8_delta: float = MAX_INT8_WER_DELTA,
+                 desc: str = "parity") -> dict:
+    """Decode ``utts`` with PyTorch, ONNX fp32 and ONNX int8 on the same features; the parity report."""
+    torch_side = TorchSide(automodel)
+    onnx = {name: OnnxASR(export_dir, quantize=quantize, threads=threads)
+            for name, quantize in (("fp32", False), ("int8", True))}
+    hyps: dict[str, list[str]] = {"torch": [], "fp32": [], "int8": []}
+    seconds = dict.fromkeys(hyps, 0.0)
+    diffs = {"fp32": 0.0, "int8": 0.0}
+    kept, unreadable, length_mismatch, no_output = [], [], [], []
+    progress = Progress(desc, len(utts), logger=log)
+    for utt in utts:
+        progress.update()
+        try:
+            feats = torch_side.features(utt["source"])
+        except AudioError as e:
+            log.error("%s: %s; left out of the parity check", utt["key"], e)
+            unreadable.append({"key": utt["key"], "error": str(e)})
+            continue
+        start = time.perf_counter()
+        text, ref_scores = _decode("torch", utt["key"], torch_side.decode, (utt["key"], feats), no_output)
+        seconds["torch"] += time.perf_counter() - start
+        hyps["torch"].append(text)
+        for name, side in onnx.items():
+            start = time.perf_counter()
+            text, scores = _decode(name, utt["key"], onnx_decode, (side, feats), no_output)
+            seconds[name] += time.perf_counter() - start
+            hyps[name].append(text)
+            diff, same_length = _max_diff(ref_scores, scores)
+            diffs[name] = max(diffs[name], diff)
+            if name == "fp32" and not same_length:
+                length_mismatch.append(utt["key"])
+        kept.append(utt)
+    progress.close()
+    if not kept:
+        raise ValueError("no utterance of the set could be read: nothing to check parity on")
+
+    n = len(kept)
+    identical = sum(a == b for a, b in zip(hyps["torch"], hyps["fp32"], strict=True)) / n
+    identical_int8 = sum(a == b for a, b in zip(hyps["torch"], hyps["int8"], strict=True)) / n
+    refs, langs = [u["target"] for u in kept], [u["lang"] for u in kept]
+    wer = {name: _rate(refs, h, langs) for name, h in hyps.items()}
+    failures = []
+    if identical < min_identical:
+        failures.append(f"ONNX fp32 transcripts identical to PyTorch on {identical:.1%} of utterances, "
+                        f"below {min_identical:.0%}")
+    if wer["fp32"] is None or wer["int8"] is None:
+        failures.append("the error rate is undefined (references without tokens)")
+    elif abs(wer["int8"] - wer["fp32"]) > max_int8_delta:
+        failures.append(f"int8 error rate {wer['int8']:.2%} is more than {max_int8_delta:.0%} away from "
+                        f"fp32's {wer['fp32']:.2%}")
+    rows = zip(kept, hyps["torch"], hyps["fp32"], hyps["int8"], strict=True)
+    mismatches = [{"key": u["key"], "ref": u["target"], "torch": t, "fp32": f, "int8": q}
+                  for u, t, f, q in rows if t != f]
+    return {
+        "family": torch_side.family, "utterances": n, "identical_fraction": identical,
+        "identical_fraction_int8": identical_int8, "max_abs_logit_diff": diffs["fp32"],
+        "max_abs_logit_diff_int8": diffs["int8"], "logit_diff_unit": "log-probability",
+        "wer_torch": wer["torch"], "wer_fp32": wer["fp32"], "wer_int8": wer["int8"],
+        "thresholds": {"identical_fraction": min_identical, "int8_wer_delta": max_int8_delta},
+        "pass": not failures, "failures": failures, "mismatches": mismatches,
+        "length_mismatches": length_mismatch, "unreadable": unreadable, "no_output": no_output,
+        "decode_seconds": {k: round(v, 3) for k, v in seconds.items()},
+        "language": "auto" if torch_side.family == "SenseVoiceSmall" else None,
+    }

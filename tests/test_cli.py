@@ -1,0 +1,70 @@
+"""core/cli.py's one exit-code convention, core/imports.py's import graph, core/fmt.py."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from funasr_recipe.core.cli import EXIT_BAD_INPUT, EXIT_FAILURE, StageFailed, run_main
+from funasr_recipe.core.fmt import pct
+from funasr_recipe.core.imports import imported_modules, local_closure, third_party
+from funasr_recipe.core.rejections import Rejection
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _raise(error: Exception):
+    def work() -> None:
+        raise error
+    return work
+
+
+@pytest.mark.parametrize(("error", "code"), [
+    (FileNotFoundError("data/train/wav.scp is missing"), EXIT_BAD_INPUT),
+    (ValueError("--speed-perturb '3': factors must lie in [0.5, 2]"), EXIT_BAD_INPUT),
+    (NotImplementedError("no ONNX export for model class X"), EXIT_BAD_INPUT),
+    (Rejection("data/train/wav.scp", 2, "spk1_b", "missing_file", "no such file").fatal(), EXIT_BAD_INPUT),
+    (StageFailed("parity broken"), EXIT_FAILURE),
+    (TimeoutError("node 1 never arrived"), EXIT_FAILURE),
+])
+def test_exit_codes(error: Exception, code: int, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR):
+        assert run_main(_raise(error)) == code
+    assert caplog.records[-1].getMessage() == str(error)  # one line, the message, no traceback
+    assert caplog.records[-1].filename == "test_cli.py"  # logged where run_main was called from
+
+
+def test_work_gives_its_own_code_and_bugs_keep_their_traceback() -> None:
+    assert run_main(lambda: None) == 0 and run_main(lambda: 1) == 1
+    with pytest.raises(KeyError):
+        run_main(_raise(KeyError("a bug")))
+    assert "strict mode: data/train/wav.scp:2: spk1_b: missing_file: x" == str(
+        Rejection("data/train/wav.scp", 2, "spk1_b", "missing_file", "x").fatal())
+
+
+def test_import_graph_reads_lazy_imports(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("import numpy\nfrom pkg import b\n\ndef f():\n    import pkg.c\n")
+    (tmp_path / "pkg" / "b.py").write_text("import json\n")
+    (tmp_path / "pkg" / "c.py").write_text("from yaml import safe_load\n")
+    (tmp_path / "pkg" / "unused.py").write_text("import torch\n")
+    assert {"numpy", "pkg", "pkg.b", "pkg.c"} <= imported_modules(tmp_path / "pkg" / "a.py")
+    files = local_closure(tmp_path, "pkg.a", "pkg")
+    assert [f.name for f in files] == ["__init__.py", "a.py", "b.py", "c.py"]
+    assert third_party(files, "pkg") == {"numpy", "yaml"}
+
+
+def test_the_shipped_runtime_needs_no_training_code() -> None:
+    files = {str(f.relative_to(ROOT)) for f in local_closure(ROOT, "funasr_recipe.runtime.transcribe",
+                                                             "funasr_recipe")}
+    assert "funasr_recipe/runtime/onnx_asr.py" in files and "funasr_recipe/features/fbank.py" in files
+    assert not {f for f in files if f.startswith(("funasr_recipe/model/", "funasr_recipe/scoring/"))}
+    assert "funasr" not in third_party([ROOT / f for f in files], "funasr_recipe")
+
+
+def test_pct() -> None:
+    assert pct(0.0782) == "7.82%" and pct(0.0782, sign=False) == "7.82"
+    assert pct(None) == "-" and pct(None, "inf") == "inf"
