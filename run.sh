@@ -137,11 +137,13 @@ stage_begins() {  # n "what: inputs -> outputs" [marker the stage needs]: announ
   replay "$1"
   if [ $# -ge 3 ] && [ ! -f "$3" ]; then log "ERROR: $3 is missing: run stage $(($1 - 1)) first"; exit 1; fi
 }
+# Stage 0's validation options, for the corpus's sets and stage 3's --decode-dir alike (--nj first: the
+# fingerprints leave it out, it changes how fast, not what).
+check_opts=(--nj "${nj}" --strict "${strict}" --allow-pipes "${allow_pipes}" --max-duration "${max_duration}")
 
 if [ "${stage}" -le 0 ] && [ "${stop_stage}" -ge 0 ]; then
   stage_begins 0 "data preparation: ${corpus} (${corpus_dir:-recipe default}) -> ${data_dir}/<set>/{data.jsonl,report.json}"
   recipe_fp=$(fingerprint -- "${corpus}" "${corpus_dir}" "${prep_opts}")
-  check_opts=(--nj "${nj}" --strict "${strict}" --allow-pipes "${allow_pipes}" --max-duration "${max_duration}")
   stage0_fp=$(fingerprint -- "${recipe_fp}" "${check_opts[@]:2}")
   if [ "${node_rank}" -ne 0 ]; then
     wait_for_node0 "${data_dir}/.done" "${stage0_fp}" "stage 0" "${wait_timeout}"
@@ -249,7 +251,6 @@ if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
   fi
   # The recipe's test sets, then every --decode-dir, validated like a stage-0 set into data/extra_<name>.
   test_sets=$(corpus_field test_sets)
-  check_opts=(--nj "${nj}" --strict "${strict}" --allow-pipes "${allow_pipes}" --max-duration "${max_duration}")
   while IFS= read -r dir; do
     [ -n "${dir}" ] || continue
     [[ ${dir} = /* ]] || dir=$(cd "${start_dir}" && realpath -m "${dir}")

@@ -18,23 +18,18 @@ An unreadable file is reported with file, line and key and scored as deletions.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 from funasr_recipe.core.cli import env_rank, run_main, str2bool
 from funasr_recipe.core.jsonl import read_jsonl
-from funasr_recipe.core.log import Progress, setup_logging
-from funasr_recipe.core.rejections import Rejection
-from funasr_recipe.data.batching import consecutive_batches
+from funasr_recipe.core.log import setup_logging
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done
 from funasr_recipe.dist.slicing import deal
-from funasr_recipe.features.audio import AudioError
 from funasr_recipe.model.model_dir import model_label
-from funasr_recipe.scoring.decode_dir import error_record, hyp_record, merge_decode_dir, shard_file
+from funasr_recipe.scoring.decode_dir import decode_shard, merge_decode_dir, shard_file
 
 log = logging.getLogger(__name__)
 
@@ -52,36 +47,12 @@ def work(args: argparse.Namespace) -> None:
                 size=lambda it: int(it[1].get("source_len", 0)), key=lambda it: it[1]["key"])
     from funasr_recipe.model.inference import TorchASR  # funasr and torch: seconds to import
 
-    asr = TorchASR(args.model_dir, args.device)
-    progress = Progress(f"decode {args.data_jsonl.parent.name} rank {args.rank}", len(mine), logger=log)
-    audio_s = decode_s = 0.0
-    with open(shard_file(args.out, args.rank, "jsonl"), "w", encoding="utf-8") as f:
-        lengths = [int(obj.get("source_len", 0)) for _, obj in mine]
-        for batch in consecutive_batches(lengths, args.batch_size, args.batch_frames):
-            waves, keys = [], []
-            for lineno, obj in (mine[i] for i in batch):
-                try:
-                    waves.append(asr.wave(obj["source"]))
-                    keys.append(obj["key"])
-                except AudioError as e:
-                    rejection = Rejection(str(args.data_jsonl), lineno, obj["key"], e.reason, e.detail)
-                    log.error("%s", rejection.message())
-                    f.write(json.dumps(error_record(rejection), ensure_ascii=False) + "\n")
-            if waves:
-                start = time.perf_counter()
-                texts = asr.transcribe(waves, keys)
-                decode_s += time.perf_counter() - start
-                for key, wave, text in zip(keys, waves, texts, strict=True):
-                    audio_s += len(wave) / asr.fs
-                    record = hyp_record(key, text, len(wave) / asr.fs, asr.emits_tags)
-                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            progress.update(len(batch))
-    progress.close()
-    shard_file(args.out, args.rank, "stats.json").write_text(json.dumps(
-        {"audio_seconds": audio_s, "decode_seconds": decode_s, "device": args.device}))
+    stats = decode_shard(TorchASR(args.model_dir, args.device), mine, args.data_jsonl, args.out, args.rank,
+                         args.device, args.batch_size, args.batch_frames)
     mark_done(done, fp)
-    log.info("rank %d: %d utterances, %.1f s of audio in %.1f s (RTF %.4f)", args.rank, len(mine), audio_s,
-             decode_s, decode_s / max(audio_s, 1e-9))
+    log.info("rank %d: %d utterances, %.1f s of audio in %.1f s (RTF %.4f)", args.rank, len(mine),
+             stats["audio_seconds"], stats["decode_seconds"],
+             stats["decode_seconds"] / max(stats["audio_seconds"], 1e-9))
 
 
 def merge(args: argparse.Namespace) -> None:

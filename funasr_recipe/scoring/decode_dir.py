@@ -1,6 +1,6 @@
 """A decode dir: what decoding hands to scoring. Each rank writes a shard; node 0 merges them.
 
-Shards, per rank (written by local/decode.py work):
+Shards, per rank (``decode_shard``, which local/decode.py work runs on the rank's utterances):
   <out>/shards/<rank>.jsonl       one line per utterance of the rank: ``hyp_record`` (raw model output,
                                   tags, text without tags, seconds) or ``error_record`` (the audio error)
   <out>/shards/<rank>.stats.json  audio and decoding seconds, device
@@ -15,12 +15,20 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from funasr_recipe.core.jsonl import read_jsonl
+from funasr_recipe.core.log import Progress
 from funasr_recipe.core.rejections import REJECTED_HEADER, Rejection
+from funasr_recipe.data.batching import consecutive_batches
 from funasr_recipe.data.tags import KINDS, TAG_FIELDS, TAG_KINDS, bare_tag, split_tags
 from funasr_recipe.dist.markers import wait_for_shards
+from funasr_recipe.features.audio import AudioError
+
+if TYPE_CHECKING:
+    from funasr_recipe.model.inference import TorchASR
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +51,39 @@ def error_record(rejection: Rejection) -> dict:
     """A shard line of an utterance whose audio could not be read."""
     return {"key": rejection.key, "line": rejection.line, "error": rejection.reason,
             "detail": rejection.detail}
+
+
+def decode_shard(asr: TorchASR, items: list[tuple[int, dict]], data_jsonl: Path, out: Path, rank: int,
+                 device: str, max_utts: int, max_frames: int) -> dict:
+    """Decode one rank's (line, manifest entry) items in batches of at most ``max_utts`` utterances and
+    ``max_frames`` padded frames; write its shard jsonl and stats.json; returns the stats."""
+    progress = Progress(f"decode {data_jsonl.parent.name} rank {rank}", len(items), logger=log)
+    audio_s = decode_s = 0.0
+    with open(shard_file(out, rank, "jsonl"), "w", encoding="utf-8") as f:
+        lengths = [int(obj.get("source_len", 0)) for _, obj in items]
+        for batch in consecutive_batches(lengths, max_utts, max_frames):
+            waves, keys = [], []
+            for lineno, obj in (items[i] for i in batch):
+                try:
+                    waves.append(asr.wave(obj["source"]))
+                    keys.append(obj["key"])
+                except AudioError as e:
+                    rejection = Rejection(str(data_jsonl), lineno, obj["key"], e.reason, e.detail)
+                    log.error("%s", rejection.message())
+                    f.write(json.dumps(error_record(rejection), ensure_ascii=False) + "\n")
+            if waves:
+                start = time.perf_counter()
+                texts = asr.transcribe(waves, keys)
+                decode_s += time.perf_counter() - start
+                for key, wave, text in zip(keys, waves, texts, strict=True):
+                    audio_s += len(wave) / asr.fs
+                    record = hyp_record(key, text, len(wave) / asr.fs, asr.emits_tags)
+                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            progress.update(len(batch))
+    progress.close()
+    stats = {"audio_seconds": audio_s, "decode_seconds": decode_s, "device": device}
+    shard_file(out, rank, "stats.json").write_text(json.dumps(stats))
+    return stats
 
 
 def merge_decode_dir(out: Path, data_jsonl: Path, world_size: int, model_name: str, set_name: str,
