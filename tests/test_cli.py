@@ -68,3 +68,21 @@ def test_the_shipped_runtime_needs_no_training_code() -> None:
 def test_pct() -> None:
     assert pct(0.0782) == "7.82%" and pct(0.0782, sign=False) == "7.82"
     assert pct(None) == "-" and pct(None, "inf") == "inf"
+
+
+def test_corpus_info_prints_fields_and_names_what_is_wrong(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    from funasr_recipe.data.corpus import CorpusInfo, write_corpus_info
+    from local.corpus_info import main
+
+    assert main(["--data-dir", str(tmp_path), "sets"]) == 2  # no corpus.json: stage 0 has not run
+    assert "corpus.json is missing: run stage 0 first" in capsys.readouterr().err
+    write_corpus_info(tmp_path, CorpusInfo("c", "/c", "train", "dev", ["dev", "test"], "en"))
+    assert main(["--data-dir", str(tmp_path), "train_set", "test_sets", "language"]) == 0
+    assert capsys.readouterr().out == "train\ndev test\nen\n"
+    assert main(["--data-dir", str(tmp_path), "speakers"]) == 2
+    assert "has no field 'speakers'" in capsys.readouterr().err
+    for broken in ("", '{"corpus": "c"}'):  # empty, and a JSON object without the fields
+        (tmp_path / "corpus.json").write_text(broken)
+        assert main(["--data-dir", str(tmp_path), "sets"]) == 2
+        assert f"{tmp_path / 'corpus.json'}: not a corpus.json that a recipe wrote" in capsys.readouterr().err

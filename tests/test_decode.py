@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from funasr_recipe.data.batching import consecutive_batches
 from funasr_recipe.data.tags import split_tags
 from funasr_recipe.dist.slicing import deal
@@ -87,3 +89,24 @@ def test_merge_refuses_when_a_shard_lost_utterances(tmp_path: Path) -> None:
     data.write_text("".join(json.dumps({"key": k, "target": "X"}) + "\n" for k in "ab"))
     write_shard(tmp_path / "d", 0, [{"key": "a", "text": "one", "seconds": 1.0}], 1.0)
     assert main(["merge", "--data-jsonl", str(data), "--out", str(tmp_path / "d"), "--model-name", "m"]) == 1
+
+
+def test_merge_names_the_model_from_its_dir(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Without --model-name: '<tag> <checkpoint>' from the averaged dir's configuration.json, 'pretrained
+    <dir>' for the model fine-tuned from; a dir that is not one of stage 3's is refused (exit 2)."""
+    data = tmp_path / "dev" / "data.jsonl"
+    data.parent.mkdir()
+    data.write_text(json.dumps({"key": "a", "target": "ONE"}) + "\n")
+    out = tmp_path / "decode_dev"
+    write_shard(out, 0, [{"key": "a", "text": "one", "seconds": 1.0}], 1.0)
+    final = tmp_path / "final"
+    final.mkdir()
+    merge = ["merge", "--data-jsonl", str(data), "--out", str(out), "--model-dir", str(final),
+             "--tag", "tiny"]
+    assert main(merge) == 2  # no configuration.json
+    (final / "configuration.json").write_text(json.dumps({"recipe": {"checkpoint": "model.pt.avg5"}}))
+    assert main(merge) == 0 and json.loads((out / "decode.json").read_text())["model"] == "tiny avg5"
+    assert main([*merge, "--pretrained", "true"]) == 0
+    assert json.loads((out / "decode.json").read_text())["model"] == "pretrained final"
+    (final / "configuration.json").write_text("{broken")
+    assert main(merge) == 2 and f"{final / 'configuration.json'}:1: not valid JSON" in capsys.readouterr().err

@@ -289,6 +289,11 @@ def test_read_utterances_names_a_bad_line(tmp_path: Path) -> None:
     assert read_utterances(path, 1)[0]["key"] == "a"
     with pytest.raises(ValueError, match=r"data\.jsonl:2"):
         read_utterances(path)
+    path.write_text("\n")
+    with pytest.raises(ValueError, match=r"data\.jsonl: no utterances"):
+        read_utterances(path)
+    with pytest.raises(FileNotFoundError):
+        read_utterances(tmp_path / "missing.jsonl")
 
 
 def test_too_short_clip_is_empty_on_every_side(exported: tuple[str, Path, Path, int], tmp_path: Path) -> None:

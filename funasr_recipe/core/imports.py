@@ -9,6 +9,7 @@ the layering of the package (tests/test_style.py).
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 
@@ -57,7 +58,5 @@ def local_closure(root: Path, module: str, prefix: str) -> list[Path]:
 def third_party(files: list[Path], local_prefix: str) -> set[str]:
     """Top-level names of the modules the files import that are neither the standard library's nor
     under ``local_prefix``."""
-    import sys
-
     names = {m.split(".")[0] for f in files for m in imported_modules(f)}
     return {n for n in names if n not in sys.stdlib_module_names and n != local_prefix and n != "__future__"}

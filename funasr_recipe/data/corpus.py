@@ -45,4 +45,7 @@ def read_corpus_info(data_dir: Path) -> CorpusInfo:
     path = Path(data_dir) / "corpus.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: run stage 0 first (./run.sh --stage 0 --stop-stage 0)")
-    return CorpusInfo(**json.loads(path.read_text(encoding="utf-8")))
+    try:
+        return CorpusInfo(**json.loads(path.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, TypeError) as e:  # not JSON, or not the fields CorpusInfo has
+        raise ValueError(f"{path}: not a corpus.json that a recipe wrote ({e}); rerun stage 0") from None

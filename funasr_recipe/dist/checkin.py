@@ -9,11 +9,11 @@ fingerprint and its host name, then waits until all ``nnodes`` files hold the sa
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 
-from funasr_recipe.dist.markers import WaitTimeout, wait_until
+from funasr_recipe.core.files import write_atomic
+from funasr_recipe.dist.markers import wait_until
 
 
 def node_file(nodes_dir: Path, node_rank: int) -> Path:
@@ -25,10 +25,7 @@ def check_in(nodes_dir: Path, fp: str, node_rank: int, nnodes: int, timeout: flo
     """Write this node's check-in, then wait for every node's; TimeoutError names the missing ones."""
     nodes_dir = Path(nodes_dir)
     nodes_dir.mkdir(parents=True, exist_ok=True)
-    mine = node_file(nodes_dir, node_rank)
-    tmp = mine.with_name(f".{mine.name}.tmp{os.getpid()}")
-    tmp.write_text(f"{fp} {socket.gethostname()}\n", encoding="utf-8")
-    os.replace(tmp, mine)
+    write_atomic(node_file(nodes_dir, node_rank), f"{fp} {socket.gethostname()}\n")
 
     def missing() -> list[str]:
         out = []
@@ -41,10 +38,10 @@ def check_in(nodes_dir: Path, fp: str, node_rank: int, nnodes: int, timeout: flo
                 out.append(f"node {n}")
         return out
 
-    try:
-        wait_until(missing, f"waiting for {nnodes} nodes to check in under {nodes_dir}", timeout, "", poll)
-    except WaitTimeout as e:
-        ranks = " ".join(m.split()[1] for m in e.missing)
-        raise WaitTimeout(f"after {timeout:.0f}s node(s) {ranks} of {nnodes} have not arrived in {nodes_dir}. "
-                          f"Start the same command on them (--node-rank {ranks}); if they are running, "
-                          f"{nodes_dir} is not on a filesystem they share with this node.", e.missing) from None
+    def message(left: list[str]) -> str:
+        ranks = " ".join(m.split()[1] for m in left)
+        return (f"after {timeout:.0f}s node(s) {ranks} of {nnodes} have not arrived in {nodes_dir}. Start the "
+                f"same command on them (--node-rank {ranks}); if they are running, {nodes_dir} is not on a "
+                "filesystem they share with this node.")
+
+    wait_until(missing, f"waiting for {nnodes} nodes to check in under {nodes_dir}", timeout, message, poll)

@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from funasr_recipe.core.files import write_atomic
+
 log = logging.getLogger(__name__)
 LOG_EVERY_S = 60.0
 
@@ -69,10 +71,7 @@ def mark_done(path: Path, fp: str, info: dict | None = None) -> None:
     """Write the marker of finished work (atomically); ``info`` is kept as its JSON third line."""
     path = Path(path)
     stamp = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {socket.gethostname()} node{os.environ.get('NODE_RANK', 0)}"
-    text = f"{fp}\n{stamp}\n" + ("" if info is None else json.dumps(info) + "\n")
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, f"{fp}\n{stamp}\n" + ("" if info is None else json.dumps(info) + "\n"))
 
 
 def marker_info(path: Path) -> dict:
@@ -82,17 +81,18 @@ def marker_info(path: Path) -> dict:
 
 
 class WaitTimeout(TimeoutError):
-    """What was still missing when a wait ran out of time (``missing``)."""
-
-    def __init__(self, message: str, missing: list[str]) -> None:
-        super().__init__(message)
-        self.missing = missing
+    """A wait ran out of time; the message names what was still missing and what to check."""
 
 
-def wait_until(missing: Callable[[], list[str]], what: str, timeout: float, hint: str,
-               poll: float = 2.0) -> None:
+def listed(items: list[str], most: int = 10) -> str:
+    """The first ``most`` items, comma separated, and "..." when there are more."""
+    return ", ".join(items[:most]) + (", ..." if len(items) > most else "")
+
+
+def wait_until(missing: Callable[[], list[str]], what: str, timeout: float,
+               timeout_message: Callable[[list[str]], str], poll: float = 2.0) -> None:
     """Block until ``missing()`` is empty; log what is still missing at once and then every minute, and on
-    timeout raise WaitTimeout naming it, with ``hint`` (what to check)."""
+    timeout raise WaitTimeout with ``timeout_message(what is still missing)``: what, and what to check."""
     start = time.monotonic()
     last_log = start - LOG_EVERY_S
     while True:
@@ -100,12 +100,11 @@ def wait_until(missing: Callable[[], list[str]], what: str, timeout: float, hint
         if not left:
             return
         now = time.monotonic()
-        shown = ", ".join(left[:10]) + (", ..." if len(left) > 10 else "")
         if now - start >= timeout:
-            raise WaitTimeout(f"{what}: after {timeout:.0f}s still waiting for {shown}. {hint}", left)
+            raise WaitTimeout(timeout_message(left))
         if now - last_log >= LOG_EVERY_S:
             last_log = now
-            log.info("%s (%.0fs of %.0fs): %s", what, now - start, timeout, shown)
+            log.info("%s (%.0fs of %.0fs): %s", what, now - start, timeout, listed(left))
         time.sleep(poll)
 
 
@@ -115,8 +114,11 @@ def wait_for_shards(done: Callable[[int], bool], n_shards: int, world_size: int,
     def missing() -> list[str]:
         return [f"shard {i} (rank {i % world_size})" for i in range(n_shards) if not done(i)]
 
-    wait_until(missing, what, timeout, "Did every node run the same command with the same --nj, on a shared "
-               "filesystem? Their logs say why a rank stopped.", poll)
+    def message(left: list[str]) -> str:
+        return (f"{what}: after {timeout:.0f}s still waiting for {listed(left)}. Did every node run the same "
+                "command with the same --nj, on a shared filesystem? Their logs say why a rank stopped.")
+
+    wait_until(missing, what, timeout, message, poll)
 
 
 def wait_for_marker(path: Path, fp: str, what: str, timeout: float, poll: float = 5.0) -> None:
@@ -129,9 +131,8 @@ def wait_for_marker(path: Path, fp: str, what: str, timeout: float, poll: float 
         return [f"{path} with fingerprint {fp}" + ("" if found is None else
                 f" (it holds {found}: an earlier run, or node 0 was started with other options)")]
 
-    try:
-        wait_until(missing, f"waiting for node 0 to finish {what}", timeout, "", poll)
-    except WaitTimeout as e:
-        raise WaitTimeout(f"waited {timeout:.0f}s for node 0 to finish {what} ({e.missing[0]}). Is node 0 "
-                          f"running the same command, and is {Path(path).parent} on a filesystem all nodes "
-                          "share?", e.missing) from None
+    def message(left: list[str]) -> str:
+        return (f"waited {timeout:.0f}s for node 0 to finish {what} ({left[0]}). Is node 0 running the same "
+                f"command, and is {Path(path).parent} on a filesystem all nodes share?")
+
+    wait_until(missing, f"waiting for node 0 to finish {what}", timeout, message, poll)

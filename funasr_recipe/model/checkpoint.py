@@ -32,7 +32,8 @@ def fp32_state_dict(exp_dir: Path, checkpoint: str) -> dict[str, torch.Tensor]:
         # The fp32 master copy lives in the ZeRO optimizer shards; the module copy is bf16.
         state = get_fp32_state_dict_from_zero_checkpoint(str(exp_dir), tag=checkpoint)
     elif path.is_file():
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        # weights_only: tensors and plain containers only; a pickle in a shared exp dir could run code.
+        state = torch.load(path, map_location="cpu", weights_only=True)
         state = state.get("state_dict", state)
     else:
         raise FileNotFoundError(f"no checkpoint {path}")
@@ -45,7 +46,7 @@ def validation_losses(exp_dir: Path) -> dict[str, float]:
     state_file = latest / "mp_rank_00_model_states.pt" if latest.is_dir() else latest
     if not state_file.is_file():
         raise FileNotFoundError(f"{state_file}: no latest checkpoint; has stage 2 finished an epoch?")
-    state = torch.load(state_file, map_location="cpu", weights_only=False)
+    state = torch.load(state_file, map_location="cpu", weights_only=True)
     losses = state.get("saved_ckpts") or state.get("val_loss_step_or_epoch") or {}
     if state.get("avg_keep_nbest_models_type", "loss") != "loss":
         # With "acc", saved_ckpts holds accuracies: the lowest would be the worst.

@@ -75,7 +75,10 @@ def model_label(model_dir: Path, tag: str, pretrained: bool = False) -> str:
     if pretrained:
         return f"pretrained {Path(model_dir).resolve().name}"
     path = model_dir / "configuration.json"
-    recipe = json.loads(path.read_text(encoding="utf-8")).get("recipe") if path.is_file() else None
+    try:
+        recipe = json.loads(path.read_text(encoding="utf-8")).get("recipe") if path.is_file() else None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
     if not recipe or "checkpoint" not in recipe:
         raise ValueError(f"{path}: no recipe checkpoint; is {model_dir} a model dir of this recipe's "
                          "stage 3?")

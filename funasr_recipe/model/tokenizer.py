@@ -20,12 +20,12 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 from pathlib import Path
 
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as sp_pb2
 
+from funasr_recipe.core.files import write_atomic
 from funasr_recipe.core.jsonl import iter_jsonl
 from funasr_recipe.data.tags import EMOTIONS, EVENTS, ITN, LANGUAGES
 
@@ -144,13 +144,6 @@ def _add_sensevoice_tags(model: bytes) -> bytes:
     return proto.SerializeToString()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    # A reader on another node (shared filesystem) sees the old file or the new one, never half.
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def _report_round_trip(sp: spm.SentencePieceProcessor, texts: list[str]) -> None:
     # Counted, not fatal: a word vocabulary smaller than the corpus's words is a legitimate choice.
     bad = [t for t, ids in zip(texts, sp.encode(texts), strict=True) if sp.decode(ids) != t]
@@ -201,9 +194,10 @@ def build_tokenizer(jsonl: Path, out_dir: Path, kind: str, vocab_size: int, sp_t
     }
     if kind == "sensevoice":
         info["tag_ids"] = SENSEVOICE_TAG_IDS
-    _write_atomic(model_path, model)
-    _write_atomic(out_dir / "tokens.json", json.dumps(pieces, ensure_ascii=False, indent=0).encode())
-    _write_atomic(out_dir / "tokenizer.json", json.dumps(info, ensure_ascii=False, indent=2).encode())
+    # Atomically: a reader on another node (shared filesystem) sees the old file or the new one.
+    write_atomic(model_path, model)
+    write_atomic(out_dir / "tokens.json", json.dumps(pieces, ensure_ascii=False, indent=0))
+    write_atomic(out_dir / "tokenizer.json", json.dumps(info, ensure_ascii=False, indent=2))
     if kind == "sensevoice":
         check_tags(model_path)
     log.info("%s tokenizer (%s): %d pieces learned from %d transcripts (asked for %d), %d in all -> %s",

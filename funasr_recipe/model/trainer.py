@@ -26,19 +26,20 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainSetup:
-    """The recipe's options of one training run (local/train.py's command line)."""
+    """The recipe's options of one training run: local/train.py's command line, whose parser holds their
+    defaults."""
 
     config: Path
     exp_dir: Path
     train_set: str
     valid_set: str
-    data_dir: Path = Path("data")
-    dump_dir: Path = Path("dump")
-    feats_type: str = "fbank"  # fbank: stage-1 features; raw: funasr's datasets on the audio
-    train_engine: str = "deepspeed"  # or ddp
-    ds_config: Path = Path("ds_configs/ds_stage1_bf16.json")
-    device: str = "cpu"
-    pretrained_dir: Path | None = None
+    data_dir: Path
+    dump_dir: Path
+    feats_type: str  # fbank: stage-1 features; raw: funasr's datasets on the audio
+    train_engine: str  # deepspeed or ddp
+    ds_config: Path
+    device: str  # cpu or cuda
+    pretrained_dir: Path | None
 
 
 def tokenizer_file(dump_dir: Path, tag: str, kind: str) -> Path:

@@ -146,17 +146,21 @@ def runtime_files() -> list[Path]:
     return [p.relative_to(ROOT) for p in local_closure(ROOT, RUNTIME_ENTRY, PACKAGE)]
 
 
+def _normalized(name: str) -> str:
+    """A distribution's name as PEP 503 compares them (funasr_onnx = funasr-onnx = Funasr.ONNX)."""
+    return re.sub(r"[-_.]+", "-", name.strip().lower())
+
+
 def runtime_requirements(files: list[Path]) -> list[str]:
     """``name==version`` of every distribution the runtime files import, at the recipe's tested pins."""
     pins = {}
     for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines():
         name, _, ver = line.partition("==")
-        pins[re.sub(r"[-_.]+", "-", name.strip().lower())] = ver.strip()
+        pins[_normalized(name)] = ver.strip()
     distributions = metadata.packages_distributions()
     names = sorted({d for module in third_party([ROOT / f for f in files], PACKAGE)
                     for d in distributions.get(module, [module])})
-    return [f"{n}=={pins[re.sub(r'[-_.]+', '-', n.lower())]}" for n in names
-            if re.sub(r"[-_.]+", "-", n.lower()) in pins]
+    return [f"{n}=={pins[_normalized(n)]}" for n in names if _normalized(n) in pins]
 
 
 def write_runtime(pkg: Path) -> list[Path]:

@@ -47,12 +47,10 @@ Runner = Callable[[list[str], list[str], int], list[str]]
 
 
 def pytorch_runner(model_dir: Path, device: str, threads: int) -> Runner:
-    """AutoModel.generate on paths: funasr reads, resamples and featurises the audio itself."""
-    import torch
-
+    """AutoModel.generate on paths: funasr reads, resamples and featurises the audio itself (with ``threads``
+    torch threads: AutoModel sets them from its ncpu)."""
     from funasr_recipe.model.inference import TorchASR
 
-    torch.set_num_threads(threads)
     asr = TorchASR(model_dir, device, threads)
 
     def run(paths: list[str], keys: list[str], batch: int) -> list[str]:
