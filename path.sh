@@ -20,9 +20,8 @@ export PYTHONUNBUFFERED=1
 # nproc-per-node processes, oversubscribes the CPU and makes CPU training several times slower.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
-# NOTE: a hung collective must fail with a stack trace instead of blocking the job for hours.
-export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
-export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+# NOTE: the NCCL/torch.distributed variables come from run.sh --comm-profile (local/comm_env.py), which
+# keeps any the user set; setting defaults here would look like the user's and block the profile.
 # NOTE: the hubs cannot be reached from most clusters' compute nodes; modelscope must not stall on
 # telemetry. Downloads happen only where the recipe asks for them.
 export MODELSCOPE_LOG_LEVEL=${MODELSCOPE_LOG_LEVEL:-40}

@@ -24,7 +24,7 @@ cd "$(dirname "${run_sh}")"
 ncpu=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 
 # ---- options (every option is --name value; --name-with-dashes and --name_with_underscores both work)
-stage=0                 # first stage to run (0 data, 1 features, 2 train, 3 decode, 4 export, 5 package)
+stage=0                 # first stage to run (-1 preflight alone, 0 data, 1 features, 2 train, 3 decode, 4 export, 5 package)
 stop_stage=5            # last stage to run
 config=conf/tiny_sensevoice.yaml  # model + training config (Hydra yaml) in conf/
 corpus=fsdd             # corpus recipe, a folder of recipes/ (fsdd kaldi speechocean762 mandarin_syllables aishell1 librispeech)
@@ -50,7 +50,14 @@ node_rank=${NODE_RANK:-${SLURM_NODEID:-0}}     # rank of this node, 0..nnodes-1
 master_addr=${MASTER_ADDR:-}                   # address of node 0 (empty: the first node of the Slurm job, else 127.0.0.1)
 master_port=${MASTER_PORT:-29500}              # port on node 0 (rendezvous)
 nproc_per_node=auto     # processes per node: auto = one per GPU, else one per CPU core (at most 8)
-wait_timeout=7200       # seconds a node waits for node 0 to finish a node-0-only stage
+wait_timeout=7200       # seconds a node waits for node 0 to finish a node-0-only stage, or for the other nodes
+preflight=true          # true: stage 2 first checks that the nodes agree (code, packages, config, data, shared dirs)
+comm_profile=default    # NCCL/torch.distributed variables: default, ethernet, infiniband or debug (yours are kept)
+socket_ifname=          # network interface the nodes reach each other on (NCCL_SOCKET_IFNAME), e.g. ib0
+metrics_port=0          # Prometheus endpoint on local rank 0 of each node while training (0: off)
+grad_checkpoint=false   # true: recompute the encoder's activations in backward (less memory, slower steps)
+oom_probe=true          # true: run the largest batches of epoch 0 once before training, to fail fast on OOM
+memory_limit_gib=       # memory per process the OOM probe allows (empty: the GPU's; on CPU host RAM / processes)
 # ---- end of options
 
 options_block=$(sed -n '/^# ---- options/,/^# ---- end of options/p' "${run_sh}" | grep -E '^[a-z_]+=')
@@ -89,13 +96,20 @@ done
 # the recipe root, where run.sh runs (Kaldi's convention, also for relative paths inside wav.scp).
 [ -n "${corpus_dir}" ] && [[ ${corpus_dir} != /* ]] && corpus_dir=$(cd "${start_dir}" && realpath -m "${corpus_dir}")
 
-for n in stage stop_stage nj nnodes node_rank master_port; do
+for n in stage stop_stage; do
+  [[ ${!n} =~ ^-?[0-9]+$ ]] || usage_error "--${n//_/-} must be an integer, got '${!n}'"
+done
+for n in nj nnodes node_rank master_port metrics_port; do
   [[ ${!n} =~ ^[0-9]+$ ]] || usage_error "--${n//_/-} must be a non-negative integer, got '${!n}'"
 done
+[[ ${comm_profile} =~ ^(default|ethernet|infiniband|debug)$ ]] \
+  || usage_error "--comm-profile must be default, ethernet, infiniband or debug, got '${comm_profile}'"
+[[ -z ${memory_limit_gib} || ${memory_limit_gib} =~ ^[0-9]+([.][0-9]+)?$ ]] \
+  || usage_error "--memory-limit-gib must be a number of GiB, got '${memory_limit_gib}'"
 [ "${node_rank}" -lt "${nnodes}" ] || usage_error "--node-rank ${node_rank} is not below --nnodes ${nnodes}"
 have_recipes=$(cd recipes && for d in */prepare.py; do printf '%s ' "${d%/prepare.py}"; done)
 [ -d "recipes/${corpus}" ] || usage_error "--corpus ${corpus}: no recipes/${corpus}/ (have: ${have_recipes})"
-for b in strict allow_pipes; do
+for b in strict allow_pipes preflight grad_checkpoint oom_probe; do
   [[ ${!b} =~ ^(true|false)$ ]] || usage_error "--${b//_/-} must be true or false, got '${!b}'"
 done
 
@@ -137,9 +151,43 @@ stage_begins() {  # n "what: inputs -> outputs" [marker the stage needs]: announ
   replay "$1"
   if [ $# -ge 3 ] && [ ! -f "$3" ]; then log "ERROR: $3 is missing: run stage $(($1 - 1)) first"; exit 1; fi
 }
+comm_applied=false
+apply_comm_profile() {  # the profile's NCCL/torch.distributed variables (the user's are kept), once
+  ${comm_applied} && return 0
+  local exports
+  exports=$(python -m local.comm_env --profile "${comm_profile}" --socket-ifname "${socket_ifname}") || exit 2
+  eval "${exports}"
+  comm_applied=true
+}
+preflight_ran=false
+run_preflight() {  # every node: do they agree with node 0, is exp/ shared, bandwidth -> exp/<tag>/preflight.json
+  local effective n
+  # The resolved options, not the command lines: a node given NNODES in its environment and one given
+  # --nnodes agree. Only the node rank and the stages may differ.
+  effective=$(for n in ${option_names}; do
+    case ${n} in stage|stop_stage|node_rank) ;; *) printf '%s=%q ' "${n}" "${!n}" ;; esac; done)
+  mkdir -p "${exp_dir}/log"
+  log "preflight with ${nnodes} node(s) at ${master_addr}:${master_port}; log in ${exp_dir}/log/preflight.node${node_rank}.log"
+  if ! python -m local.preflight --nnodes "${nnodes}" --node-rank "${node_rank}" --master-addr "${master_addr}" \
+      --master-port "${master_port}" --nproc-per-node "${nproc_per_node}" --device "${device}" \
+      --config "${config}" --ds-config "${ds_config}" --data-dir "${data_dir}" --dump-dir "${dump_dir}" \
+      --exp-dir "${exp_dir}" --options "${effective}-- ${hydra_overrides[*]}" --timeout "${wait_timeout}" \
+      2>&1 | tee "${exp_dir}/log/preflight.node${node_rank}.log" >&2; then
+    log "ERROR: preflight failed (above: which node differs, and how); fix it, or --preflight false to train anyway"
+    exit 1
+  fi
+  preflight_ran=true
+}
+
 # Stage 0's validation options, for the corpus's sets and stage 3's --decode-dir alike (--nj first: the
 # fingerprints leave it out, it changes how fast, not what).
 check_opts=(--nj "${nj}" --strict "${strict}" --allow-pipes "${allow_pipes}" --max-duration "${max_duration}")
+
+if [ "${stage}" -le -1 ] && [ "${stop_stage}" -ge -1 ]; then
+  stage_begins -1 "preflight: code, packages, config, data, shared dirs, resources, bandwidth -> ${exp_dir}/preflight.json"
+  apply_comm_profile
+  run_preflight
+fi
 
 if [ "${stage}" -le 0 ] && [ "${stop_stage}" -ge 0 ]; then
   stage_begins 0 "data preparation: ${corpus} (${corpus_dir:-recipe default}) -> ${data_dir}/<set>/{data.jsonl,report.json}"
@@ -208,6 +256,12 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
     log "${exp_dir} is trained; skipping (remove ${exp_dir}/.train.done to train again)"
   else
     train_log=${exp_dir}/train.log; [ "${node_rank}" -eq 0 ] || train_log=${exp_dir}/train.node${node_rank}.log
+    apply_comm_profile
+    if [ "${preflight}" = true ]; then
+      ${preflight_ran} || run_preflight
+    else
+      log "WARNING: --preflight false: nodes with other code, config or data, or an unshared exp dir, go unnoticed"
+    fi
     # Before torchrun: all nodes must see each other's files in exp/ (shared filesystem) and be started;
     # torchrun alone would only time out, without saying which node is missing.
     [ "${nnodes}" -gt 1 ] && wait_for_nodes "${exp_dir}" "${stage2_fp}" "${node_rank}" "${nnodes}" "${wait_timeout}"
@@ -216,10 +270,17 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
     log "torchrun: ${nnodes} node(s) x ${nproc_per_node} ${device} process(es), ${train_engine}" \
       "$([ "${train_engine}" = deepspeed ] && echo "(${ds_config})"); log in ${train_log}" \
       "(a rerun resumes from ${exp_dir}/model.pt)"
+    # Options of the run that do not change its result: not in the fingerprint.
+    hook_opts=(--metrics-port "${metrics_port}" --grad-checkpoint "${grad_checkpoint}" --oom-probe "${oom_probe}")
+    [ -n "${memory_limit_gib}" ] && hook_opts+=(--memory-limit-gib "${memory_limit_gib}")
     if ! torchrun --nnodes "${nnodes}" --node-rank "${node_rank}" --master-addr "${master_addr}" \
         --master-port "${master_port}" --nproc-per-node "${nproc_per_node}" \
-        -m local.train "${train_opts[@]}" -- "${hydra_overrides[@]}" 2>&1 | tee -a "${train_log}" >&2; then
+        -m local.train "${train_opts[@]}" "${hook_opts[@]}" -- "${hydra_overrides[@]}" 2>&1 \
+        | tee -a "${train_log}" >&2; then
       log "ERROR: training failed on node ${node_rank}; see ${train_log}."
+      if grep -q "OOM probe" "${train_log}" && grep -qE "OutOfMemoryPlan|out of memory|over the limit" "${train_log}"; then
+        log "The largest batch of the first epoch does not fit in memory: see 'To fit:' above."
+      fi
       if grep -qiE "timed out|timeout|Connection refused|rendezvous" "${train_log}"; then
         log "The ranks did not all meet at ${master_addr}:${master_port}: are all ${nnodes} nodes running this" \
           "command with the same --nnodes/--master-addr/--master-port, and can they reach node 0 (firewall," \
@@ -321,7 +382,7 @@ if [ "${stage}" -le 5 ] && [ "${stop_stage}" -ge 5 ]; then
   fi
 fi
 
-if [ "${node_rank}" -eq 0 ] && [ "${stop_stage}" -ge 3 ]; then
+if [ "${node_rank}" -eq 0 ] && [ "${stop_stage}" -ge 3 ] && [ -f "${data_dir}/corpus.json" ]; then
   for f in RESULTS.md curves.png export/parity.json package.tar.gz benchmark.md; do
     if [ -e "${exp_dir}/${f}" ]; then log "  ${exp_dir}/${f}"; fi
   done

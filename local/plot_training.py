@@ -1,9 +1,11 @@
 """Stage 2: training curves from funasr's training log, during or after training
 (funasr_recipe/reports/curves.py).
 
-Reads  exp/<tag>/train.log (the trainer's log lines, as run.sh tees them; rank 0's lines are used);
-writes <out>.png (train loss per logged step with validation loss per epoch, learning rate, accuracy)
-and <out>.tsv (the parsed points).
+Reads  exp/<tag>/train.log (the trainer's log lines, as run.sh tees them; rank 0's lines are used:
+funasr's train/validate lines and the recipe hook's ``train_metrics: {json}`` lines where present);
+writes <out>.png (train loss per logged step with validation loss per epoch, learning rate, utt/s and
+frames/s of rank 0, data-wait fraction, accuracy as funasr names it: acc or SenseVoice's acc_rich)
+and <out>.tsv (the parsed points). A log from before the train_metrics hook still plots.
 
   python -m local.plot_training exp/tiny_sensevoice/train.log --out exp/tiny_sensevoice/curves
 """
@@ -34,8 +36,11 @@ def run(args: argparse.Namespace) -> None:
     out = args.out or args.log.parent / "curves"
     plot(curves, out, f"{args.log.parent.name}: {len(curves.step)} logged steps, "
                       f"{len(curves.val_loss)} validations")
-    log.info("%s: %d train points, validation loss by epoch %s -> %s.png", args.log, len(curves.step),
-             [round(v, 3) for v in curves.val_loss], out)
+    log.info("%s: %d train points, %d train_metrics points, validation loss by epoch %s -> %s.png",
+             args.log, len(curves.step), len(curves.metric_step), [round(v, 3) for v in curves.val_loss], out)
+    if not curves.metric_step:
+        log.info("%s: no train_metrics lines (a log from before the trainer hook): throughput and data "
+                 "wait are not plotted", args.log)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,7 @@
 """Stage 2 entry point, one per rank under torchrun: funasr's own trainer with the recipe's additions
-(funasr_recipe/model/trainer.py: classes registered, CPU patch, options as Hydra overrides).
+(funasr_recipe/model/trainer.py: classes registered, CPU patch, options as Hydra overrides;
+funasr_recipe/train/: the hooks for metrics, memory plan and OOM probe, activation checkpointing, and
+the warmup-cosine schedule).
 
 Reads  the model config, dump/<set>/data.jsonl (or data/<set>/data.jsonl with --feats-type raw),
        dump/<train>/am.lfr<m>x<n>.mvn and dump/tokenizer/<tag>/ for a from-scratch model;
@@ -13,11 +15,14 @@ writes <exp-dir>/: funasr's checkpoints, config.yaml, TensorBoard log; Hydra's o
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from funasr_recipe.core.cli import split_overrides, str2bool
 from funasr_recipe.model.trainer import TrainSetup, hydra_argv, run_trainer
+from funasr_recipe.train import lr_schedule
+from funasr_recipe.train.hooks import HookOptions, install
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,14 +40,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ds-config", type=Path, default=Path("ds_configs/ds_stage1_bf16.json"))
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--pretrained-dir", type=Path, help="local dir of the config's pretrained_model")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="Prometheus endpoint on local rank 0 of each node (0: off)")
+    parser.add_argument("--grad-checkpoint", type=str2bool, default=False,
+                        help="recompute the encoder blocks' activations in backward (less memory)")
+    parser.add_argument("--oom-probe", type=str2bool, default=True,
+                        help="run the largest batches of epoch 0 once before training")
+    parser.add_argument("--memory-limit-gib", type=float, default=None,
+                        help="memory per process the probe allows (default: the GPU's; on CPU the host's "
+                             "divided by its processes)")
     parser.add_argument("--dry-run", type=str2bool, default=False,
                         help="print the Hydra command line and exit")
     args = vars(parser.parse_args(own))
     dry_run = args.pop("dry_run")
+    hooks = HookOptions(metrics_port=args.pop("metrics_port"), grad_checkpoint=args.pop("grad_checkpoint"),
+                        oom_probe=args.pop("oom_probe"), memory_limit_gib=args.pop("memory_limit_gib"),
+                        nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                        nnodes=max(1, int(os.environ.get("WORLD_SIZE", 1))
+                                   // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     hydra_args = hydra_argv(TrainSetup(**args), overrides)
     if dry_run:
         print("\n".join(hydra_args))
         return
+    lr_schedule.register()
+    install(hooks)
     run_trainer(hydra_args)
 
 

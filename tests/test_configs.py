@@ -35,9 +35,11 @@ from funasr_recipe.data.feats_dataset import FBANK_DATASETS
 from funasr_recipe.model.config import fbank_conf, load_config, pretrained_model, tokenizer_spec
 from funasr_recipe.model.tokenizer import KINDS, SENSEVOICE_TAG_IDS, SENSEVOICE_VOCAB_SIZE
 from funasr_recipe.model.trainer import register_recipe_classes
+from funasr_recipe.train import lr_schedule
 
-# The recipe's classes in funasr's registry, as stage 2 puts them there before training.
+# The recipe's classes and schedule in funasr's registry, as stage 2 puts them there before training.
 register_recipe_classes()
+lr_schedule.register()
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "conf").glob("*.yaml"))

@@ -1,11 +1,18 @@
-"""local/plot_training.py on log lines in funasr 1.4.16's exact format (copied from a real run)."""
+"""local/plot_training.py on log lines in funasr 1.4.16's exact format (copied from a real run), and the
+recipe's train_metrics lines in the trainer hook's exact format."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
-from funasr_recipe.reports.curves import parse_log
-from local.plot_training import main
+import matplotlib
+
+matplotlib.use("Agg")  # tests write files only; no display on CI or nodes
+
+from funasr_recipe.reports.curves import acc_label, parse_log, plot, use_log_scale  # noqa: E402
+from local.plot_training import main  # noqa: E402
 
 TRAIN = ("2026-11-30 15:53:58,776 INFO [node0 rank{r}] [trainer_ds.py:953] train, rank: {r}, epoch: {e}/3, "
          "data_slice: 0/1, step_in_slice: {s}/25, step_in_epoch: {s}, total step: {t}, "
@@ -72,3 +79,93 @@ def test_empty_or_missing_log_fails_clearly(tmp_path: Path) -> None:
     assert main([str(tmp_path / "nothing.log")]) == 2
     (tmp_path / "train.log").write_text("starting\n")
     assert main([str(tmp_path / "train.log")]) == 2
+
+
+METRICS = "2026-12-01 11:19:03,731 INFO [node0 rank{r}] [metrics.py:123] train_metrics: {obj}\n"
+CTC_TRAIN = ("2026-11-30 15:53:58,776 INFO [node0 rank0] [trainer_ds.py:953] train, rank: 0, epoch: 0/3, "
+             "data_slice: 0/1, step_in_slice: {t}/25, step_in_epoch: {t}, total step: {t}, "
+             "(loss_avg_rank: {loss}), (loss_avg_slice: 93.657), (ppl_avg_slice: 4.726e+40), "
+             "(acc_avg_slice: 0.000), (lr: 1.000e-04), [{stats}], {{'data_load': '0.140'}}, GPU, memory: "
+             "usage: 0.000 GB, peak: 0.000 GB, cache: 0.000 GB, cache_peak: 0.000 GB\n")
+
+
+def metrics_obj(step: int, grad_norm: float | None = 3.2) -> str:
+    return json.dumps({"step": step, "epoch": 1, "loss": 41.5, "lr": 0.000273, "utt_per_s": 80.0 + step,
+                       "frames_per_s": 6000.0 + step, "data_wait": step / 1000, "grad_norm": grad_norm,
+                       "allreduce_s": 0.0021})
+
+
+def write_log_with_metrics(path: Path) -> None:
+    """Two epochs of funasr train lines, each followed by the hook's line of the same step; rank 1's
+    lines (which the hook never writes, but a stray one must not count) come first."""
+    write_log(path, 2)
+    lines = []
+    for line in path.read_text().splitlines(keepends=True):
+        lines.append(line)
+        if "train, rank: 0," in line:
+            step = int(line.split("total step: ")[1].split(",")[0])
+            lines.append(METRICS.format(r=1, obj=metrics_obj(999)))
+            lines.append(METRICS.format(r=0, obj=metrics_obj(step, None if step == 20 else 3.2)))
+    lines.append(METRICS.format(r=0, obj='{"step": 50, "utt_per_s": 8'))  # still being written
+    path.write_text("".join(lines))
+
+
+def test_parse_train_metrics_lines(tmp_path: Path) -> None:
+    write_log_with_metrics(tmp_path / "train.log")
+    c = parse_log(tmp_path / "train.log")
+    assert c.step == [10, 20, 30, 40] and c.metric_step == [10, 20, 30, 40]
+    assert c.metric_epoch == [1] * 4 and c.utt_per_s == [80.0 + s for s in c.step]
+    assert c.frames_per_s == [6000.0 + s for s in c.step] and c.data_wait == [s / 1000 for s in c.step]
+    assert c.allreduce_s == [0.0021] * 4
+    assert c.grad_norm[0] == 3.2 and math.isnan(c.grad_norm[1])  # null: unknown
+    assert c.val_loss == [60.0, 75.0] and c.acc_kind == "acc_rich"
+
+
+def test_plot_with_metrics_writes_png_and_tsv_columns(tmp_path: Path) -> None:
+    write_log_with_metrics(tmp_path / "train.log")
+    assert main([str(tmp_path / "train.log"), "--out", str(tmp_path / "curves")]) == 0
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    rows = [r.split("\t") for r in (tmp_path / "curves.tsv").read_text().splitlines()]
+    head = rows[0]
+    assert head == ["kind", "step", "epoch", "loss", "lr", "acc_rich", "utt_per_s", "frames_per_s",
+                    "data_wait", "grad_norm", "allreduce_s"]
+    train = [dict(zip(head, r, strict=True)) for r in rows[1:] if r[0] == "train"]
+    assert [float(r["utt_per_s"]) for r in train] == [90.0, 100.0, 110.0, 120.0]
+    assert train[1]["grad_norm"] == "" and float(train[0]["grad_norm"]) == 3.2
+    assert sum(r[0] == "valid" for r in rows) == 2 and not any(r[0] == "metrics" for r in rows)
+
+
+def test_old_format_log_has_no_metrics_and_still_plots(tmp_path: Path) -> None:
+    write_log(tmp_path / "train.log", 2)
+    c = parse_log(tmp_path / "train.log")
+    assert c.step and not c.metric_step and not c.utt_per_s
+    plot(c, tmp_path / "curves", "old log")
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    rows = (tmp_path / "curves.tsv").read_text().splitlines()
+    assert rows[0].endswith("allreduce_s") and rows[1].endswith("\t\t\t\t")  # metric cells empty
+
+
+def test_log_scale_decision() -> None:
+    assert use_log_scale([300.0, 120.0, 40.0, 9.0, 2.0])  # 150x: linear would hide the tail
+    assert not use_log_scale([5.0, 4.2, 3.0])
+    assert not use_log_scale([]) and not use_log_scale([float("nan"), 0.0, -1.0])
+    assert not use_log_scale([0.0, 5.0, 3.0, float("inf")])  # only positive finite values count
+
+
+def test_accuracy_label_says_what_is_measured(tmp_path: Path) -> None:
+    assert acc_label("acc") != acc_label("acc_rich")
+    assert "teacher-forced" in acc_label("acc") and "decoder" in acc_label("acc")
+    assert all(w in acc_label("acc_rich") for w in ("language", "emotion", "event", "ITN"))
+    assert acc_label(None) == ""
+    # Which one a log has is read from the stats list of funasr's train line.
+    (tmp_path / "att.log").write_text(CTC_TRAIN.format(t=10, loss=5.0, stats="('loss', 5.0), ('acc', 0.42)"))
+    assert parse_log(tmp_path / "att.log").acc_kind == "acc" and parse_log(tmp_path / "att.log").acc == [0.42]
+
+
+def test_ctc_model_has_no_accuracy(tmp_path: Path) -> None:
+    (tmp_path / "train.log").write_text("".join(CTC_TRAIN.format(t=t, loss=300.0 / t, stats="('loss', 1.0)")
+                                                for t in (1, 50, 150)))
+    c = parse_log(tmp_path / "train.log")
+    assert c.acc_kind is None and all(math.isnan(a) for a in c.acc)  # not acc_avg_slice's stuck 0
+    assert use_log_scale(c.loss)
+    assert main([str(tmp_path / "train.log")]) == 0 and (tmp_path / "curves.png").is_file()

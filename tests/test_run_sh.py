@@ -15,7 +15,8 @@ N_BUNDLED = 2500  # recordings in corpora/free-spoken-digit-dataset
 OPTIONS = ("--stage", "--stop-stage", "--config", "--corpus", "--corpus-dir", "--data-dir", "--dump-dir",
            "--exp-dir", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--nproc-per-node",
            "--nj", "--strict", "--allow-pipes", "--max-duration", "--prep-opts", "--wait-timeout",
-           "--decode-dir", "--decode-batch-size")
+           "--decode-dir", "--decode-batch-size", "--preflight", "--comm-profile", "--socket-ifname",
+           "--metrics-port", "--grad-checkpoint", "--oom-probe", "--memory-limit-gib")
 # Node options must come from the flags in these tests, not from the CI machine's environment.
 CLEAN_ENV = {k: v for k, v in os.environ.items()
              if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("SLURM_")}
@@ -42,7 +43,11 @@ def test_help_lists_every_option() -> None:
     (["--no-such-option", "1"], "unknown option --no-such-option"),
     (["stray"], "unexpected argument 'stray'"),
     (["--stage"], "option --stage needs a value"),
-    (["--stop_stage", "two"], "--stop-stage must be a non-negative integer"),
+    (["--stop_stage", "two"], "--stop-stage must be an integer"),
+    (["--nj", "-1"], "--nj must be a non-negative integer"),
+    (["--comm-profile", "wifi"], "--comm-profile must be default, ethernet, infiniband or debug"),
+    (["--memory-limit-gib", "lots"], "--memory-limit-gib must be a number of GiB"),
+    (["--preflight", "maybe"], "--preflight must be true or false"),
     (["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 is not below --nnodes 2"),
     (["--corpus", "nosuch"], "--corpus nosuch: no recipes/nosuch/"),
     (["--strict", "maybe"], "--strict must be true or false"),

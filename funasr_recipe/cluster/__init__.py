@@ -1,0 +1,1 @@
+"""Cluster operations before and around training: preflight across nodes, communication profiles."""

@@ -1,0 +1,180 @@
+"""Memory planning before the first step: DeepSpeed's estimate of the model states per GPU for the ZeRO
+stage in use, and an out-of-memory probe that runs the largest batches of this rank's first epoch once,
+forward and backward, so that a batch that does not fit fails in seconds, not hours into training.
+
+Reads this rank's batches of epoch 0 (the real sampler and dataset); writes nothing (log lines). The
+probe's weights stay as they were: gradients are dropped, no optimizer step is taken.
+
+  plan = model_states(model, zero_stage=1, nproc_per_node=8, nnodes=2)
+  result = probe(model, largest_batches(dataloader), forward, device, limit_bytes)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+GIB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    params: int
+    bytes_per_gpu: int   # parameters, gradients and optimizer states on each GPU
+    how: str
+
+
+def model_states(model: torch.nn.Module, zero_stage: int, nproc_per_node: int, nnodes: int) -> ModelStates:
+    """DeepSpeed's own estimator for the model states of one GPU (no offload). ZeRO-1 has none of its
+    own: it is ZeRO-2's figure plus the 16-bit gradients ZeRO-1 keeps whole on every GPU."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    params = sum({p.data_ptr(): p.numel() for p in model.parameters() if p.requires_grad}.values())
+    gpus = nproc_per_node * nnodes
+    if zero_stage == 3:
+        largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
+                      default=0)
+        _, gpu, _ = estimate_zero3_model_states_mem_needs(params, largest, nproc_per_node, nnodes,
+                                                          cpu_offload=False, cpu_offload_params=False)
+        return ModelStates(params, gpu, "deepspeed estimate_zero3_model_states_mem_needs")
+    _, gpu = estimate_zero2_model_states_mem_needs(params, nproc_per_node, nnodes, cpu_offload=False)
+    if zero_stage <= 1:
+        gpu += int(2 * params * (1 - 1 / gpus))
+        return ModelStates(params, gpu, "deepspeed estimate_zero2_model_states_mem_needs + unpartitioned "
+                                        "16-bit gradients (ZeRO-1)")
+    return ModelStates(params, gpu, "deepspeed estimate_zero2_model_states_mem_needs")
+
+
+@dataclass(frozen=True)
+class ProbeBatch:
+    why: str            # "most padded frames", "longest utterance"
+    indices: list[int]
+    padded_frames: int
+    longest: int
+
+
+def largest_batches(batches: Iterable[list[int]], source_len: Callable[[int], int]) -> list[ProbeBatch]:
+    """The batch with the most padded frames (batch size x longest) and the one holding the longest
+    utterance (the same batch counts once)."""
+    by_padded = by_longest = None
+    for indices in batches:
+        lengths = [int(source_len(i)) for i in indices]
+        if not lengths:
+            continue
+        b = ProbeBatch("", list(indices), len(lengths) * max(lengths), max(lengths))
+        if by_padded is None or b.padded_frames > by_padded.padded_frames:
+            by_padded = b
+        if by_longest is None or b.longest > by_longest.longest:
+            by_longest = b
+    out = []
+    if by_padded is not None:
+        out.append(ProbeBatch("most padded frames", by_padded.indices, by_padded.padded_frames,
+                              by_padded.longest))
+    if by_longest is not None and by_longest.indices != by_padded.indices:
+        out.append(ProbeBatch("longest utterance", by_longest.indices, by_longest.padded_frames,
+                              by_longest.longest))
+    return out
+
+
+class _PeakMemory:
+    """Peak memory over a block: CUDA's allocator peak, or the process's peak RSS (VmHWM, reset through
+    /proc/self/clear_refs) on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __enter__(self) -> _PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            try:
+                Path("/proc/self/clear_refs").write_text("5")
+            except OSError:
+                log.debug("cannot reset the peak RSS: the probe's peak includes what came before")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def now(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.memory_allocated(self.device)
+        return _status_bytes("VmRSS:")
+
+    def peak(self) -> int:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return torch.cuda.max_memory_allocated(self.device)
+        return _status_bytes("VmHWM:")
+
+
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def default_limit(device: torch.device, nproc_per_node: int) -> int:
+    """What one process may use: its GPU's memory, or on CPU the host's memory shared by its processes."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total // max(1, nproc_per_node)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    batch: ProbeBatch
+    base_bytes: int          # in use before the batch (weights, the process itself)
+    peak_bytes: int | None   # None: out of memory
+    seconds: float
+
+
+def probe(model: torch.nn.Module, batches: list[ProbeBatch], make_batch: Callable[[list[int]], dict],
+          forward: Callable[[dict], torch.Tensor], device: torch.device) -> list[ProbeResult]:
+    """Forward and backward of each batch; gradients dropped afterwards. An out-of-memory error of a
+    batch is its result (peak None), not an exception."""
+    was_training = model.training
+    model.train()
+    out = []
+    for b in batches:
+        start = time.perf_counter()
+        peak: int | None
+        meter = _PeakMemory(device)
+        base = meter.now()
+        try:
+            with meter:
+                loss = forward(make_batch(b.indices))
+                loss.backward()
+                del loss
+                peak = meter.peak()
+        except torch.OutOfMemoryError:
+            peak = None
+        finally:
+            model.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        out.append(ProbeResult(b, base, peak, time.perf_counter() - start))
+    model.train(was_training)
+    return out
+
+
+def advice(batch_size: int, fits: float | None) -> str:
+    """What to change when the largest batch does not fit; ``fits``: the fraction of the batch's own
+    memory that the limit leaves room for (None: unknown, as after an out-of-memory error)."""
+    suggested = max(1, int(batch_size * 0.9 * fits)) if fits else batch_size // 2
+    return (f"lower ++dataset_conf.batch_size (now {batch_size}; about {suggested} would fit) and raise "
+            "++train_conf.accum_grad to keep the effective batch; or partition the gradients too with "
+            "ZeRO-2 (--ds-config ds_configs/ds_stage2_bf16.json); or --grad-checkpoint true to recompute "
+            "the encoder's activations in backward instead of keeping them; or drop the longest "
+            "utterances (++dataset_conf.max_token_length)")
