@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from funasr_recipe.core.cli import split_overrides, str2bool
+from funasr_recipe.core.log import setup_logging
 from funasr_recipe.model.trainer import TrainSetup, hydra_argv, run_trainer
 from funasr_recipe.train import lr_schedule
 from funasr_recipe.train.hooks import HookOptions, install
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     if dry_run:
         print("\n".join(hydra_args))
         return
+    setup_logging()  # node and rank on the lines logged before Hydra configures logging
     lr_schedule.register()
     install(hooks)
     run_trainer(hydra_args)
