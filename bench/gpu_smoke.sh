@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of stage 2 (under 8 minutes on one H200): the bundled corpus through stages 0-2 with nccl
-# and DeepSpeed ZeRO-1 bf16 for a few hundred optimizer steps, then fbank frames/s and peak memory.
+# and DeepSpeed ZeRO-1 bf16 for a few hundred optimizer steps, then fbank frames/s and peak memory; the
+# preflight (GPU report), the memory plan and the CUDA out-of-memory probe run on the way and are shown.
 #
 #   bench/gpu_smoke.sh [exp dir, default exp/gpu_smoke] [extra run.sh options...]
 #
@@ -13,6 +14,7 @@ start=${SECONDS}
 ./run.sh --stage 0 --stop-stage 2 --config conf/tiny_sensevoice.yaml --data-dir data_gpu --dump-dir dump_gpu \
   --exp-dir "${exp}" "$@" -- ++train_conf.max_epoch=8 ++train_conf.log_interval=10 \
   ++dataset_conf.num_workers=4 ++dataset_conf.batch_size=20000
+grep -hE "preflight \| |memory plan|OOM probe" "${exp}/log/preflight.node0.log" "${exp}/train.log" | cut -c1-240 || true
 . ./path.sh
 python - "${exp}/train.log" dump_gpu/train/data.jsonl "$((SECONDS - start))" <<'PY'
 import json, re, sys

@@ -202,3 +202,35 @@ def test_collective_timer_times_gloo_all_reduce() -> None:
         dist.all_reduce = original
         for name in ("reduce_scatter_tensor", "all_gather_into_tensor"):
             setattr(dist, name, getattr(getattr(dist, name), "__wrapped__", getattr(dist, name)))
+
+
+def test_probe_leaves_the_model_as_it_was_and_reports_oom() -> None:
+    from funasr_recipe.train.memory import ProbeBatch, probe
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 1))
+    model.eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = ProbeBatch("most padded frames", list(range(512)), 512, 1)
+    results = probe(model, [batch], lambda idx: {"x": torch.randn(len(idx), 8)},
+                    lambda b: model(b["x"]).pow(2).mean(), torch.device("cpu"))
+    assert results[0].peak_bytes >= results[0].base_bytes > 0
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "weights or BatchNorm statistics changed"
+    assert all(p.grad is None for p in model.parameters()) and not model.training
+
+    def out_of_memory(b: dict) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+    assert probe(model, [batch], lambda idx: {}, out_of_memory, torch.device("cpu"))[0].peak_bytes is None
+
+
+def test_alerts_follow_the_monitoring_table() -> None:
+    from funasr_recipe.train.metrics import alerts
+
+    healthy = {"data_wait_fraction": 0.02, "allreduce_seconds": 0.05}
+    assert alerts(healthy, gpu_memory_fraction=0.5, gpu_utilisation=0.85) == {}
+    assert alerts({"data_wait_fraction": math.nan, "allreduce_seconds": math.nan}) == {}
+    bad = alerts({"data_wait_fraction": 0.4, "allreduce_seconds": 0.9}, gpu_memory_fraction=0.9,
+                 gpu_utilisation=0.3)
+    assert set(bad) == {"data_wait", "allreduce", "gpu_memory", "gpu_util"}
+    assert "40% of step time waits for data" in bad["data_wait"] and "num_workers" in bad["data_wait"]

@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import random
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +31,7 @@ import torch
 
 from funasr_recipe.train.collectives import CollectiveTimer
 from funasr_recipe.train.memory import GIB, advice, default_limit, largest_batches, model_states, probe
-from funasr_recipe.train.metrics import Exporter, StepMeter, log_line
+from funasr_recipe.train.metrics import Exporter, StepMeter, alerts, log_line
 
 log = logging.getLogger(__name__)
 MEMORY_TARGET = 0.85  # the cluster guides' ceiling: above it fragmentation and a longer batch later fail
@@ -59,6 +60,8 @@ class _State:
     scheduler: object = None
     frames_per_input: int = 1   # 10 ms frames per model input frame (the LFR stride)
     started: bool = False
+    log_interval: int = 1
+    alerted: dict[str, float] = field(default_factory=dict)
 
 
 _state: _State | None = None
@@ -106,6 +109,9 @@ def _memory_plan_and_probe(trainer, model: torch.nn.Module, kwargs: dict, opts: 
              params / 1e6, states / GIB, "GPU" if device.type == "cuda" else "process", how, limit / GIB)
     if not opts.oom_probe:
         return
+    # The probe must not change what training does: its dropout and augmentation draw random numbers.
+    py_state, np_state = random.getstate(), np.random.get_state()
+    torch_state = torch.random.get_rng_state()
     model.to(device)
     loader_class = tables.dataloader_classes.get(
         kwargs["dataset_conf"].get("dataloader", "DataloaderMapStyle"))
@@ -122,12 +128,11 @@ def _memory_plan_and_probe(trainer, model: torch.nn.Module, kwargs: dict, opts: 
         with trainer_ds.maybe_autocast(dtype=dtype, use_deepspeed=trainer.use_deepspeed):
             return model(**batch)[0]
 
-    # The probe must not change what training does: its dropout and augmentation draw random numbers.
-    py_state, np_state = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         results = probe(model, batches, make_batch, forward, device)
     random.setstate(py_state)
     np.random.set_state(np_state)
+    torch.random.set_rng_state(torch_state)
     # The probe's weights and gradients are fp32; under DeepSpeed the states replace them (8 bytes each).
     extra = max(0, states - 8 * params)
     batch_size = int(kwargs["dataset_conf"].get("batch_size", 0))
@@ -162,6 +167,7 @@ def _grad_norm(model) -> float:
 
 def _start(trainer, scheduler, dataloader_train, state: _State) -> None:
     state.started = True
+    state.log_interval = trainer.log_interval
     state.scheduler = scheduler
     if hasattr(scheduler, "set_total_steps"):
         scheduler.set_total_steps(trainer.max_epoch * len(dataloader_train))
@@ -171,6 +177,33 @@ def _start(trainer, scheduler, dataloader_train, state: _State) -> None:
         except OSError as e:  # a busy port must not stop a training run
             log.warning("metrics: cannot serve on port %d (%s); training goes on without them",
                         state.opts.metrics_port, e)
+
+
+ALERT_EVERY_S = 600.0  # one warning of a kind per rank per ten minutes: a hint, not a flood
+
+
+def _warn(snapshot: dict[str, float], state: _State) -> None:
+    """Warn (rate-limited) when a log interval breaks the monitoring table's thresholds."""
+    memory = util = None
+    if torch.cuda.is_available():
+        dev = torch.cuda.current_device()
+        memory = torch.cuda.memory_reserved(dev) / torch.cuda.get_device_properties(dev).total_memory
+        samples = state.exporter.nvml.sample() if state.exporter is not None else []
+        # NVML counts every GPU of the host, torch only the visible ones: a guess that holds unmasked.
+        util = samples[dev][0] if dev < len(samples) else None
+    now = time.monotonic()
+    # The first interval holds the start-up (compilation, the first batches' loading): not judged.
+    if snapshot["step"] <= 2 * state.log_interval:
+        return
+    found = alerts(snapshot, memory, util)
+    if not torch.cuda.is_available():
+        # CPU ranks share the cores: each waits in the collective for the others' compute, so the
+        # GPU guides' 500 ms says nothing there.
+        found.pop("allreduce", None)
+    for kind, text in found.items():
+        if now - state.alerted.get(kind, -ALERT_EVERY_S) >= ALERT_EVERY_S:
+            state.alerted[kind] = now
+            log.warning("step %d: %s", snapshot["step"], text)
 
 
 def install(opts: HookOptions) -> None:
@@ -247,6 +280,7 @@ def install(opts: HookOptions) -> None:
                 state.exporter.update(snapshot)
             if self.rank == 0:
                 log.info("%s", log_line(snapshot))
+            _warn(snapshot, state)
         return out
 
     @wrap("validate_epoch")

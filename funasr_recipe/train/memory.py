@@ -142,9 +142,12 @@ class ProbeResult:
 
 def probe(model: torch.nn.Module, batches: list[ProbeBatch], make_batch: Callable[[list[int]], dict],
           forward: Callable[[dict], torch.Tensor], device: torch.device) -> list[ProbeResult]:
-    """Forward and backward of each batch; gradients dropped afterwards. An out-of-memory error of a
-    batch is its result (peak None), not an exception."""
+    """Forward and backward of each batch; gradients dropped and buffers restored afterwards, so the
+    model is as it was. An out-of-memory error of a batch is its result (peak None), not an
+    exception."""
     was_training = model.training
+    # Training-mode forwards update BatchNorm's running statistics: put them back afterwards.
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
     model.train()
     out = []
     for b in batches:
@@ -165,6 +168,9 @@ def probe(model: torch.nn.Module, batches: list[ProbeBatch], make_batch: Callabl
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         out.append(ProbeResult(b, base, peak, time.perf_counter() - start))
+    with torch.no_grad():
+        for buf, kept in buffers:
+            buf.copy_(kept)
     model.train(was_training)
     return out
 

@@ -163,6 +163,37 @@ class Exporter:
         self.server.server_close()
 
 
+# The cluster guides' monitoring table: what a healthy step looks like.
+DATA_WAIT_MAX = 0.1       # above it the loader starves the accelerator
+ALLREDUCE_MAX_S = 0.5     # gradient sync slower than this: the network (or a straggler) bounds the step
+GPU_MEMORY_MAX = 0.85     # reserved above this: fragmentation, and a longer batch later, run out
+GPU_UTIL_MIN = 0.7
+
+
+def alerts(snapshot: dict[str, float], gpu_memory_fraction: float | None = None,
+           gpu_utilisation: float | None = None) -> dict[str, str]:
+    """The thresholds one log interval broke: {kind: what to do}."""
+    out = {}
+    wait = snapshot.get("data_wait_fraction", math.nan)
+    if wait > DATA_WAIT_MAX:
+        out["data_wait"] = (f"{100 * wait:.0f}% of step time waits for data (over "
+                            f"{100 * DATA_WAIT_MAX:.0f}%): raise ++dataset_conf.num_workers, train on "
+                            "stage-1 features (--feats-type fbank), or put dump/ on a faster disk")
+    sync = snapshot.get("allreduce_seconds", math.nan)
+    if sync > ALLREDUCE_MAX_S:
+        out["allreduce"] = (f"gradient collectives took {sync:.2f} s in the last step (over "
+                            f"{ALLREDUCE_MAX_S} s): check the preflight's bandwidth, "
+                            "--comm-profile/--socket-ifname, or one slow node")
+    if gpu_memory_fraction is not None and gpu_memory_fraction > GPU_MEMORY_MAX:
+        out["gpu_memory"] = (f"{100 * gpu_memory_fraction:.0f}% of GPU memory reserved (over "
+                             f"{100 * GPU_MEMORY_MAX:.0f}%): lower ++dataset_conf.batch_size or "
+                             "--grad-checkpoint true")
+    if gpu_utilisation is not None and gpu_utilisation < GPU_UTIL_MIN:
+        out["gpu_util"] = (f"GPU busy {100 * gpu_utilisation:.0f}% of the time (under "
+                           f"{100 * GPU_UTIL_MIN:.0f}%): data wait or communication holds it back")
+    return out
+
+
 def served_metric_names() -> list[str]:
     """Every metric name the endpoint serves (Info adds the _info suffix)."""
     return [PREFIX + n for n in (*GAUGES, *GPU_GAUGES)] + [PREFIX + "node_info"]
