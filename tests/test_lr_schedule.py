@@ -199,13 +199,17 @@ def test_unknown_total_holds_the_peak() -> None:
 
 
 @pytest.mark.parametrize("total", [WARMUP, WARMUP - 1])
-def test_warmup_not_below_total_is_refused(total: int) -> None:
+def test_warmup_not_below_total_is_refused_in_the_config_and_shortened_for_a_short_run(
+        total: int, caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(ValueError, match=rf"warmup_steps \({WARMUP}\).*total_steps \({total}\)"):
         build(total_steps=total)
-    _, sched = build()
-    with pytest.raises(ValueError, match=rf"warmup_steps \({WARMUP}\).*total_steps \({total}\)"):
-        sched.set_total_steps(total)
-    assert sched.total_steps == 0
+    optim, sched = build()
+    with caplog.at_level(logging.WARNING, logger="funasr_recipe.train.lr_schedule"):
+        sched.set_total_steps(total)  # as the hook does for a one-epoch fine-tune
+    assert sched.total_steps == total and sched.warmup_steps == total // 10
+    assert "warming up for" in caplog.text
+    lr = {s: lrs[0] for s, lrs in advance(optim, sched, total).items()}
+    assert lr[total // 10] == pytest.approx(PEAK, rel=1e-12) and lr[total] == pytest.approx(FLOOR, rel=1e-12)
 
 
 def test_registered_in_funasr_and_built_from_conf() -> None:

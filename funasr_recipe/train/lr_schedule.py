@@ -72,10 +72,20 @@ class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
                              "the warmup would never end before training does; lower warmup_steps")
 
     def set_total_steps(self, n: int) -> None:
-        """Fix where the cosine reaches the floor; the same ``n`` again (as on resume) changes nothing."""
+        """Fix where the cosine reaches the floor; the same ``n`` again (as on resume) changes nothing. A
+        warmup as long as the run is shortened to a tenth of it, with a warning."""
         n = int(n)
         if n == self.total_steps:
             return
+        if 0 < n <= self.warmup_steps:
+            # A short fine-tune with a config's warmup for a long one: warm up for a tenth of the run
+            # instead of never leaving the warmup (or stopping the run here).
+            short = max(1, n // 10)
+            log.warning("%s: warmup_steps %d is not below this run's %d steps; warming up for %d instead "
+                        "(set ++scheduler_conf.warmup_steps to choose)", NAME, self.warmup_steps, n, short)
+            if self.cycle_start == self.warmup_steps:
+                self.cycle_start = short
+            self.warmup_steps = short
         self._check_total(n)
         if self.total_steps:
             # e.g. resumed on a different number of GPUs: batches per epoch changed, so does the curve.
