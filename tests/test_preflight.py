@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,18 +23,23 @@ from tests.train_fixtures import free_port
 
 def two_nodes(node_args: list[list[str]], cwd: Path = ROOT, timeout: int = 240,
               program: list[str] | None = None) -> list[subprocess.CompletedProcess]:
-    """Start both nodes at once (each waits for the other) and wait for both."""
+    """Start both nodes at once (each waits for the other) and wait for both. Their output goes to
+    temporary files: a full pipe of one node, unread while the other is awaited, would stall both."""
     program = program or ["./run.sh"]
     env = {k: v for k, v in os.environ.items()
            if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")}
     procs = []
     for rank, args in enumerate(node_args):
-        procs.append(subprocess.Popen([*program, *args], cwd=cwd, env={**env, "NODE_RANK": str(rank)},
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        err = tempfile.TemporaryFile("w+")
+        procs.append((subprocess.Popen([*program, *args], cwd=cwd, env={**env, "NODE_RANK": str(rank)},
+                                       stdout=err, stderr=subprocess.STDOUT, text=True), err))
     out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=timeout)
-        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    for p, err in procs:
+        p.wait(timeout=timeout)
+        err.seek(0)
+        text = err.read()
+        err.close()
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, "", text))
     return out
 
 

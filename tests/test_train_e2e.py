@@ -81,8 +81,12 @@ def test_rank_killed_mid_epoch_resumes_to_the_same_number_of_steps(prepared: Pat
     want = last_step(prepared / "exp_ref" / "train.log")
 
     args = ["./run.sh", "--stage", "2", "--stop-stage", "2", *dirs(prepared, "exp_kill"), *over]
-    run = subprocess.Popen(args, cwd=ROOT, env=CLEAN_ENV, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
+    # stderr into a file, not a pipe: nothing reads a pipe while the loop below waits, and once its 64 KiB
+    # are full run.sh blocks on writing its log (and training with it).
+    stderr = prepared / "exp_kill.stderr"
+    with open(stderr, "w") as err_file:
+        run = subprocess.Popen(args, cwd=ROOT, env=CLEAN_ENV, stdout=subprocess.DEVNULL, stderr=err_file,
+                               text=True)
     log = prepared / "exp_kill" / "train.log"
     deadline = time.monotonic() + 600
     while not (log.exists() and re.search(r"train, rank: 0, .*total step: 5,", log.read_text())):
@@ -93,7 +97,8 @@ def test_rank_killed_mid_epoch_resumes_to_the_same_number_of_steps(prepared: Pat
     ranks = subprocess.run(["pgrep", "-P", torchrun[0]], capture_output=True, text=True).stdout.split()
     assert len(ranks) == 2, ranks
     os.kill(int(ranks[-1]), signal.SIGKILL)
-    _, err = run.communicate(timeout=300)
+    run.wait(timeout=300)
+    err = stderr.read_text()
     assert run.returncode != 0 and "training failed" in err
     assert (prepared / "exp_kill" / "model.pt.ep0.3").exists()  # the mid-epoch checkpoint it resumes from
 
