@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from funasr_recipe.core.env import available_cores, cpu_name, versions
+from funasr_recipe.core.files import sha256_file
 
 # Always compared, whatever requirements.txt says: a mismatch in any of these changes the numerics or
 # the wire format of the collectives.
@@ -40,15 +41,9 @@ class NodeInputs:
     options: str      # run.sh's options but --node-rank, and the trainer overrides
 
 
-def sha256_file(path: Path) -> str:
-    """Hex digest of a file's bytes, or "absent"."""
-    if not path.is_file():
-        return "absent"
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def digest(path: Path) -> str:
+    """Hex sha256 of a file's bytes, or "absent"."""
+    return sha256_file(path) if path.is_file() else "absent"
 
 
 def _git(root: Path, *args: str) -> bytes | None:
@@ -69,7 +64,7 @@ def code_state(root: Path) -> dict[str, str]:
     untracked = (_git(root, "ls-files", "--others", "--exclude-standard", "-z") or b"").split(b"\0")
     h = hashlib.sha256(diff)
     for name in sorted(n for n in untracked if n):
-        h.update(name + b"\0" + sha256_file(root / name.decode("utf-8", "replace")).encode())
+        h.update(name + b"\0" + digest(root / name.decode("utf-8", "replace")).encode())
     dirty = bool(diff) or any(untracked)
     return {"git_rev": rev.decode().strip(), "uncommitted": h.hexdigest() if dirty else "clean"}
 
@@ -108,7 +103,7 @@ def data_digests(data_dir: Path, dump_dir: Path) -> dict[str, str]:
     out = {}
     for base in (data_dir, dump_dir):
         for jsonl in sorted(base.glob("*/data.jsonl")):
-            out[str(jsonl)] = sha256_file(jsonl)
+            out[str(jsonl)] = digest(jsonl)
     for shards in sorted(dump_dir.glob("*/shards")):
         out[f"{shards}/ (listing)"] = shard_list_digest(shards)
     return out
@@ -154,7 +149,7 @@ def free_gib(path: Path) -> float | None:
 def node_report(inputs: NodeInputs, device: str, nproc_per_node: int) -> dict[str, object]:
     """This node's part of the preflight: what must agree ("agree") and what is only reported."""
     root = inputs.root
-    files = {role: {"path": str(path), "sha256": sha256_file(path if path.is_absolute() else root / path)}
+    files = {role: {"path": str(path), "sha256": digest(path if path.is_absolute() else root / path)}
              for role, path in (("config", inputs.config), ("ds_config", inputs.ds_config))}
     mem = _meminfo()
     return {

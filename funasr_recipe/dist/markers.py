@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from funasr_recipe.core.files import write_atomic
+from funasr_recipe.core.files import feed_file, write_atomic
 
 log = logging.getLogger(__name__)
 LOG_EVERY_S = 60.0
@@ -45,9 +45,7 @@ def fingerprint(*parts: object, files: Iterable[Path] = (), contents: Iterable[P
     for path in map(Path, contents):
         h.update(f"content {path.name}\n".encode())
         try:
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
+            feed_file(h, path)
         except FileNotFoundError:
             h.update(b"absent\n")
     return h.hexdigest()[:16]

@@ -25,7 +25,6 @@ Run local/bench_runtime.py first: the card embeds its table.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -40,6 +39,7 @@ from pathlib import Path
 import onnx
 import yaml
 
+from funasr_recipe.core.files import sha256_file
 from funasr_recipe.core.imports import local_closure, third_party
 from funasr_recipe.core.jsonl import iter_jsonl
 from funasr_recipe.reports.model_card import CardInputs, read_json, render
@@ -188,11 +188,7 @@ def data_reports(data_jsonl: Path) -> tuple[dict | None, dict[str, dict]]:
 def sha256sums(pkg: Path) -> None:
     lines = []
     for path in sorted(p for p in pkg.rglob("*") if p.is_file() and p.name not in ("SHA256SUMS", ".done")):
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        lines.append(f"{h.hexdigest()}  {path.relative_to(pkg)}")
+        lines.append(f"{sha256_file(path)}  {path.relative_to(pkg)}")
     (pkg / "SHA256SUMS").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
