@@ -17,6 +17,7 @@ import secrets
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -63,29 +64,38 @@ def _store(setup: PreflightSetup):
                               "--master-addr/--master-port, and is the port open between the nodes?") from e
 
 
-def _wait(store, keys: list[str], what: str, timeout: float) -> None:
+def _wait(store, keys: list[str], what: str, timeout: float,
+          message: Callable[[list[str]], str] | None = None) -> None:
+    """Block until every key is set; on timeout PreflightFailed with ``message(the missing keys)``."""
     try:
         store.wait(keys, timedelta(seconds=timeout))
     except RuntimeError as e:  # torch raises a DistStoreError (a RuntimeError) on timeout
         missing = [k for k in keys if not store.check([k])]
-        raise PreflightFailed(f"after {timeout:.0f}s still waiting for {what}: {', '.join(missing)}") from e
+        text = (message(missing) if message
+                else f"after {timeout:.0f}s still waiting for {what}: {', '.join(missing)}")
+        raise PreflightFailed(text) from e
 
 
 def _wait_for_nodes(store, setup: PreflightSetup) -> None:
     """Node 0 waits for every node to say hello; names the missing ones as the check-in does."""
-    try:
-        store.wait([f"hello/{r}" for r in range(setup.nnodes)], timedelta(seconds=setup.timeout))
-    except RuntimeError as e:
-        ranks = " ".join(str(r) for r in range(setup.nnodes) if not store.check([f"hello/{r}"]))
-        raise PreflightFailed(f"after {setup.timeout:.0f}s node(s) {ranks} of {setup.nnodes} have not "
-                              f"arrived at the preflight on {setup.master_addr}:{setup.master_port}. "
-                              f"Start the same command on them (--node-rank {ranks}); if they are running, "
-                              "check that they reach this address and port (firewall, --master-addr)") from e
+    def message(missing: list[str]) -> str:
+        ranks = " ".join(k.split("/")[1] for k in missing)
+        return (f"after {setup.timeout:.0f}s node(s) {ranks} of {setup.nnodes} have not arrived at the "
+                f"preflight on {setup.master_addr}:{setup.master_port}. Start the same command on them "
+                f"(--node-rank {ranks}); if they are running, check that they reach this address and port "
+                "(firewall, --master-addr)")
+
+    _wait(store, [f"hello/{r}" for r in range(setup.nnodes)], "the nodes", setup.timeout, message)
+
+
+def _token_dirs(inputs: NodeInputs) -> dict[str, Path]:
+    """Where node 0 puts its token, in each dir that must be shared."""
+    return {"exp": inputs.exp_dir / ".preflight", "dump": inputs.dump_dir / ".preflight"}
 
 
 def _token_paths(inputs: NodeInputs, token: str) -> dict[str, Path]:
     # A new name each run: an NFS client may cache that an old name does not exist.
-    return {"exp": inputs.exp_dir / ".preflight" / token, "dump": inputs.dump_dir / ".preflight" / token}
+    return {name: d / token for name, d in _token_dirs(inputs).items()}
 
 
 def _read_token(path: Path, token: str, patience: float = 10.0) -> str:
@@ -193,8 +203,8 @@ def run_preflight(setup: PreflightSetup) -> dict:
         # Node 0's store must outlive the others' last reads.
         store.set("done/0", "1")
         _wait(store, [f"done/{r}" for r in range(1, setup.nnodes)], "the nodes to finish", setup.timeout)
-        for name in ("exp", "dump"):
-            shutil.rmtree(getattr(setup.inputs, f"{name}_dir") / ".preflight", ignore_errors=True)
+        for d in _token_dirs(setup.inputs).values():
+            shutil.rmtree(d, ignore_errors=True)
     else:
         store.set(f"done/{setup.node_rank}", "1")
     if not verdict["ok"]:
