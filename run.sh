@@ -257,14 +257,15 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
   else
     train_log=${exp_dir}/train.log; [ "${node_rank}" -eq 0 ] || train_log=${exp_dir}/train.node${node_rank}.log
     apply_comm_profile
+    # Before torchrun: all nodes must be started and see each other's files in exp/ (shared filesystem);
+    # torchrun alone would only time out, without saying which node is missing. The preflight checks
+    # both (and more); without it, the nodes check in under exp/.nodes.
     if [ "${preflight}" = true ]; then
       ${preflight_ran} || run_preflight
     else
-      log "WARNING: --preflight false: nodes with other code, config or data, or an unshared exp dir, go unnoticed"
+      log "WARNING: --preflight false: nodes with other code, config or data go unnoticed"
+      [ "${nnodes}" -gt 1 ] && wait_for_nodes "${exp_dir}" "${stage2_fp}" "${node_rank}" "${nnodes}" "${wait_timeout}"
     fi
-    # Before torchrun: all nodes must see each other's files in exp/ (shared filesystem) and be started;
-    # torchrun alone would only time out, without saying which node is missing.
-    [ "${nnodes}" -gt 1 ] && wait_for_nodes "${exp_dir}" "${stage2_fp}" "${node_rank}" "${nnodes}" "${wait_timeout}"
     # On CPU, DeepSpeed must not look for CUDA (it has no oneCCL here: gloo through torch.distributed).
     [ "${device}" = cpu ] && export DS_ACCELERATOR=cpu
     log "torchrun: ${nnodes} node(s) x ${nproc_per_node} ${device} process(es), ${train_engine}" \
@@ -278,7 +279,7 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
         -m local.train "${train_opts[@]}" "${hook_opts[@]}" -- "${hydra_overrides[@]}" 2>&1 \
         | tee -a "${train_log}" >&2; then
       log "ERROR: training failed on node ${node_rank}; see ${train_log}."
-      if grep -q "OOM probe" "${train_log}" && grep -qE "OutOfMemoryPlan|out of memory|over the limit" "${train_log}"; then
+      if grep -q "OutOfMemoryPlan" "${train_log}"; then
         log "The largest batch of the first epoch does not fit in memory: see 'To fit:' above."
       fi
       if grep -qiE "timed out|timeout|Connection refused|rendezvous" "${train_log}"; then

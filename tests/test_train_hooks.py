@@ -95,7 +95,7 @@ def test_metrics_endpoint_moves_during_a_short_training(prepared: Path) -> None:
         assert lr == pytest.approx(want, rel=2e-3, abs=1e-9), (step, lr, want)
     # The schedule's state is in DeepSpeed's checkpoint, so a resumed run continues the same curve.
     state = torch.load(next((exp / "model.pt").glob("*model_states.pt")), map_location="cpu",
-                       weights_only=False)["lr_scheduler"]
+                       weights_only=True)["lr_scheduler"]
     assert state["total_steps"] == total and state["warmup_steps"] == 6
 
 

@@ -17,6 +17,7 @@ Reads what the trainer reads; writes log lines and the metrics endpoint (funasr_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -24,6 +25,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,21 +75,33 @@ def _device(kwargs: dict) -> torch.device:
     return torch.device("cpu")
 
 
-def _zero_stage(trainer) -> int | None:
+def _deepspeed_conf(trainer) -> dict | None:
+    """The DeepSpeed JSON the trainer will use, or None under DDP."""
     if not trainer.use_deepspeed:
         return None
     with open(trainer.deepspeed_config, encoding="utf-8") as f:
-        return int(json.load(f).get("zero_optimization", {}).get("stage", 0))
+        return json.load(f)
 
 
-def _autocast_dtype(trainer) -> torch.dtype | None:
-    if not trainer.use_deepspeed:
+def _autocast_dtype(ds_conf: dict | None) -> torch.dtype | None:
+    """What funasr's trainer autocasts to (it reads the same two flags)."""
+    if ds_conf is None:
         return None
-    with open(trainer.deepspeed_config, encoding="utf-8") as f:
-        conf = json.load(f)
-    if conf.get("bf16", {}).get("enabled"):
+    if ds_conf.get("bf16", {}).get("enabled"):
         return torch.bfloat16
-    return torch.float16 if conf.get("fp16", {}).get("enabled") else None
+    return torch.float16 if ds_conf.get("fp16", {}).get("enabled") else None
+
+
+@contextlib.contextmanager
+def _random_state_kept(device: torch.device) -> Iterator[None]:
+    """Python's, numpy's and torch's generators (CPU, and the GPU's) as they were before the block."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
 
 
 def _memory_plan_and_probe(trainer, model: torch.nn.Module, kwargs: dict, opts: HookOptions) -> None:
@@ -96,7 +110,9 @@ def _memory_plan_and_probe(trainer, model: torch.nn.Module, kwargs: dict, opts: 
     from funasr.train_utils.device_funcs import to_device
 
     device = _device(kwargs)
-    stage = _zero_stage(trainer)
+    per = "GPU" if device.type == "cuda" else "process"
+    ds_conf = _deepspeed_conf(trainer)
+    stage = None if ds_conf is None else int(ds_conf.get("zero_optimization", {}).get("stage", 0))
     if stage is None:  # DDP: fp32 weights, gradients and Adam's two moments on every GPU
         params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         states, how = 16 * params, "16 bytes per parameter (no ZeRO)"
@@ -106,37 +122,29 @@ def _memory_plan_and_probe(trainer, model: torch.nn.Module, kwargs: dict, opts: 
     limit = (int(opts.memory_limit_gib * GIB) if opts.memory_limit_gib
              else default_limit(device, opts.nproc_per_node))
     log.info("memory plan: %.2f M trainable parameters; model states %.3f GiB per %s (%s); limit %.2f GiB",
-             params / 1e6, states / GIB, "GPU" if device.type == "cuda" else "process", how, limit / GIB)
+             params / 1e6, states / GIB, per, how, limit / GIB)
     if not opts.oom_probe:
         return
-    # The probe must not change what training does: its dropout and augmentation draw random numbers.
-    py_state, np_state = random.getstate(), np.random.get_state()
-    torch_state = torch.random.get_rng_state()
     model.to(device)
-    loader_class = tables.dataloader_classes.get(
-        kwargs["dataset_conf"].get("dataloader", "DataloaderMapStyle"))
-    loader = loader_class(**kwargs)
-    train_loader, _ = loader.build_iter(epoch=0)
-    dataset = train_loader.dataset
-    batches = largest_batches(train_loader.batch_sampler, dataset.get_source_len)
-    dtype = _autocast_dtype(trainer)
-
-    def make_batch(indices: list[int]) -> dict:
-        return to_device(train_loader.collate_fn([dataset[i] for i in indices]), device)
+    dtype = _autocast_dtype(ds_conf)
 
     def forward(batch: dict) -> torch.Tensor:
         with trainer_ds.maybe_autocast(dtype=dtype, use_deepspeed=trainer.use_deepspeed):
             return model(**batch)[0]
 
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        results = probe(model, batches, make_batch, forward, device)
-    random.setstate(py_state)
-    np.random.set_state(np_state)
-    torch.random.set_rng_state(torch_state)
+    # The probe must not change what training does: building the loader, dropout and augmentation draw
+    # random numbers.
+    with _random_state_kept(device):
+        loader_class = tables.dataloader_classes.get(
+            kwargs["dataset_conf"].get("dataloader", "DataloaderMapStyle"))
+        train_loader, _ = loader_class(**kwargs).build_iter(epoch=0)
+        dataset, collate = train_loader.dataset, train_loader.collate_fn
+        batches = largest_batches(train_loader.batch_sampler, dataset.get_source_len)
+        results = probe(model, batches, lambda idx: to_device(collate([dataset[i] for i in idx]), device),
+                        forward, device)
     # The probe's weights and gradients are fp32; under DeepSpeed the states replace them (8 bytes each).
     extra = max(0, states - 8 * params)
     batch_size = int(kwargs["dataset_conf"].get("batch_size", 0))
-    per = "GPU" if device.type == "cuda" else "process"
     for r in results:
         what = (f"OOM probe, batch with the {r.batch.why}: {len(r.batch.indices)} utterances, longest "
                 f"{r.batch.longest} frames, {r.batch.padded_frames} padded")
@@ -184,22 +192,22 @@ ALERT_EVERY_S = 600.0  # one warning of a kind per rank per ten minutes: a hint,
 
 def _warn(snapshot: dict[str, float], state: _State) -> None:
     """Warn (rate-limited) when a log interval breaks the monitoring table's thresholds."""
+    # The first intervals hold the start-up (compilation, the first batches' loading): not judged.
+    if snapshot["step"] <= 2 * state.log_interval:
+        return
     memory = util = None
     if torch.cuda.is_available():
         dev = torch.cuda.current_device()
         memory = torch.cuda.memory_reserved(dev) / torch.cuda.get_device_properties(dev).total_memory
-        samples = state.exporter.nvml.sample() if state.exporter is not None else []
+        samples = state.exporter.last_gpu_samples if state.exporter is not None else []
         # NVML counts every GPU of the host, torch only the visible ones: a guess that holds unmasked.
         util = samples[dev][0] if dev < len(samples) else None
-    now = time.monotonic()
-    # The first interval holds the start-up (compilation, the first batches' loading): not judged.
-    if snapshot["step"] <= 2 * state.log_interval:
-        return
     found = alerts(snapshot, memory, util)
     if not torch.cuda.is_available():
         # CPU ranks share the cores: each waits in the collective for the others' compute, so the
         # GPU guides' 500 ms says nothing there.
         found.pop("allreduce", None)
+    now = time.monotonic()
     for kind, text in found.items():
         if now - state.alerted.get(kind, -ALERT_EVERY_S) >= ALERT_EVERY_S:
             state.alerted[kind] = now

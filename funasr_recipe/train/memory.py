@@ -85,13 +85,13 @@ def largest_batches(batches: Iterable[list[int]], source_len: Callable[[int], in
 
 
 class _PeakMemory:
-    """Peak memory over a block: CUDA's allocator peak, or the process's peak RSS (VmHWM, reset through
-    /proc/self/clear_refs) on CPU."""
+    """Peak memory since ``reset()``: CUDA's allocator peak, or the process's peak RSS (VmHWM, reset
+    through /proc/self/clear_refs) on CPU."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
-    def __enter__(self) -> _PeakMemory:
+    def reset(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -100,10 +100,6 @@ class _PeakMemory:
                 Path("/proc/self/clear_refs").write_text("5")
             except OSError:
                 log.debug("cannot reset the peak RSS: the probe's peak includes what came before")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
     def now(self) -> int:
         if self.device.type == "cuda":
@@ -149,18 +145,18 @@ def probe(model: torch.nn.Module, batches: list[ProbeBatch], make_batch: Callabl
     # Training-mode forwards update BatchNorm's running statistics: put them back afterwards.
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     model.train()
+    meter = _PeakMemory(device)
     out = []
     for b in batches:
         start = time.perf_counter()
         peak: int | None
-        meter = _PeakMemory(device)
         base = meter.now()
+        meter.reset()
         try:
-            with meter:
-                loss = forward(make_batch(b.indices))
-                loss.backward()
-                del loss
-                peak = meter.peak()
+            loss = forward(make_batch(b.indices))
+            loss.backward()
+            del loss
+            peak = meter.peak()
         except torch.OutOfMemoryError:
             peak = None
         finally:

@@ -135,6 +135,7 @@ class Exporter:
         Info(PREFIX + "node", "which node serves this endpoint", registry=self.registry).info(
             {"node_rank": str(node_rank)})
         self.nvml = _Nvml()
+        self.last_gpu_samples: list[tuple[float, float]] = []  # (utilisation, bytes used) per GPU
         self.server, self.thread = start_http_server(port, addr=host, registry=self.registry)
         log.info("metrics: Prometheus endpoint on port %d (http://<this node>:%d/metrics)", port, port)
 
@@ -154,7 +155,8 @@ class Exporter:
             dev = torch.cuda.current_device()
             self.gpu["gpu_memory_allocated_bytes"].labels(str(dev)).set(torch.cuda.memory_allocated(dev))
             self.gpu["gpu_memory_reserved_bytes"].labels(str(dev)).set(torch.cuda.memory_reserved(dev))
-        for i, (util, used) in enumerate(self.nvml.sample()):
+        self.last_gpu_samples = self.nvml.sample()
+        for i, (util, used) in enumerate(self.last_gpu_samples):
             self.gpu["gpu_utilization_ratio"].labels(str(i)).set(util)
             self.gpu["gpu_memory_used_bytes"].labels(str(i)).set(used)
 
