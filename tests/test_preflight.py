@@ -213,3 +213,28 @@ def test_comm_env_prints_exports_and_the_values_in_force() -> None:
                          capture_output=True, env={**env, "NCCL_DEBUG": "TRACE"}, check=True)
     assert "export NCCL_DEBUG_SUBSYS=INIT,NET,ENV" in res.stdout and "NCCL_DEBUG=" not in res.stdout
     assert "NCCL_DEBUG=TRACE  (yours, kept)" in res.stderr and "NCCL_ALGO=Ring  (profile:" in res.stderr
+
+
+def test_a_missing_or_empty_file_on_one_node_is_a_difference(tmp_path: Path) -> None:
+    """Bad input: node 1 lacks the config and has an empty data.jsonl where node 0 has real ones."""
+    from funasr_recipe.cluster.node_report import NodeInputs, node_report
+
+    def inputs(root: Path) -> NodeInputs:
+        return NodeInputs(root=root, config=Path("conf/x.yaml"), ds_config=Path("ds.json"),
+                          data_dir=root / "data", dump_dir=root / "dump", exp_dir=root / "exp", options="")
+    node0, node1 = tmp_path / "n0", tmp_path / "n1"
+    for root in (node0, node1):
+        (root / "conf").mkdir(parents=True)
+        (root / "dump" / "train").mkdir(parents=True)
+        (root / "ds.json").write_text("{}")
+    (node0 / "conf" / "x.yaml").write_text("model: X\n")
+    (node0 / "dump" / "train" / "data.jsonl").write_text('{"key": "a"}\n')
+    (node1 / "dump" / "train" / "data.jsonl").write_text("")
+    reports = [node_report(inputs(node0), "cpu", 1), node_report(inputs(node1), "cpu", 1)]
+    # On a cluster both nodes name the data by the same path; here the roots differ, so map node 1's.
+    reports[1]["agree"]["data"] = {k.replace(str(node1), str(node0)): v
+                                   for k, v in reports[1]["agree"]["data"].items()}
+    found = differences(reports)
+    assert any("config conf/x.yaml sha256 absent differs" in d for d in found), found
+    empty = "e3b0c44298fc.."  # sha256 of no bytes
+    assert any(f"data.jsonl sha256 {empty} differs" in d for d in found), found
