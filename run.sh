@@ -257,9 +257,8 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
   else
     train_log=${exp_dir}/train.log; [ "${node_rank}" -eq 0 ] || train_log=${exp_dir}/train.node${node_rank}.log
     apply_comm_profile
-    # Before torchrun: all nodes must be started and see each other's files in exp/ (shared filesystem);
-    # torchrun alone would only time out, without saying which node is missing. The preflight checks
-    # both (and more); without it, the nodes check in under exp/.nodes.
+    # Before torchrun, which alone would only time out without naming the missing node: all nodes started
+    # and exp/ shared. The preflight checks both (and more); without it, the nodes check in at exp/.nodes.
     if [ "${preflight}" = true ]; then
       ${preflight_ran} || run_preflight
     else
