@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ds-config", type=Path, default=Path("ds_configs/ds_stage1_bf16.json"))
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--pretrained-dir", type=Path, help="local dir of the config's pretrained_model")
+    parser.add_argument("--strict", type=str2bool, default=False,
+                        help="stop when an utterance would be left out of training (exp-dir/train_skipped.tsv)")
     parser.add_argument("--metrics-port", type=int, default=0,
                         help="Prometheus endpoint on local rank 0 of each node (0: off)")
     parser.add_argument("--grad-checkpoint", type=str2bool, default=False,

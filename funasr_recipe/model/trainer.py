@@ -40,6 +40,7 @@ class TrainSetup:
     ds_config: Path
     device: str  # cpu or cuda
     pretrained_dir: Path | None
+    strict: bool = False  # an utterance stage 2 would skip (train_skipped.tsv) is fatal
 
 
 def tokenizer_file(dump_dir: Path, tag: str, kind: str) -> Path:
