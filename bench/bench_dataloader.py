@@ -112,8 +112,8 @@ def main() -> None:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_dataloader."))
     data_set, dump_set = stages01(work, args.corpus)
     originals = work / "sp1.jsonl"  # the same utterances for both: stage 1's unperturbed copies
-    originals.write_text("".join(line + "\n" for line in (dump_set / "data.jsonl").read_text().splitlines()
-                                 if json.loads(line)["speed"] == 1.0))
+    originals.write_text("".join(line + "\n" for line in (dump_set / "data.jsonl").read_text().split("\n")
+                                 if line and json.loads(line)["speed"] == 1.0))
     paths = {"SenseVoiceCTCDataset": data_set / "data.jsonl", "FbankSenseVoiceCTCDataset": originals}
     print(f"\ncorpus {args.corpus}: utterances/s delivered by funasr's DataloaderMapStyle, batch_size "
           f"{args.batch_size} frames, {args.epochs} epoch(s) after a warm-up")

@@ -46,6 +46,7 @@ CONFIG = ROOT / "conf" / "tiny_sensevoice.yaml"
 
 def prepare(work: Path, corpus: str, repeat: int) -> tuple[Path, list[dict]]:
     """Stage 0 of the corpus into work/data; train = every utterance of every set, ``repeat`` times."""
+    from funasr_recipe.core.jsonl import iter_jsonl
     from funasr_recipe.data.validate import validate_set
 
     data = work / "data"
@@ -54,7 +55,7 @@ def prepare(work: Path, corpus: str, repeat: int) -> tuple[Path, list[dict]]:
     items = []
     for set_dir in sorted(p for p in data.iterdir() if p.is_dir()):
         validate_set(set_dir)
-        items += [json.loads(line) for line in (set_dir / "data.jsonl").read_text().splitlines()]
+        items += [obj for _, obj in iter_jsonl(set_dir / "data.jsonl")]
     (data / "bench").mkdir()
     with open(data / "bench" / "data.jsonl", "w") as f:
         for rep in range(repeat):

@@ -1,24 +1,34 @@
-"""Stage 0 validation of one Kaldi data dir (funasr_recipe/data/validate.py does the work).
+"""Stage 0 validation of one Kaldi data dir (funasr_recipe/data/validate.py does the work), and the check
+that no utterance is in two sets (funasr_recipe/data/overlap.py).
 
-Reads  <set-dir>/{wav.scp,text[,utt2spk,utt2lang,utt2emo,utt2event]} (any order, any size);
-writes <set-dir>/data.jsonl (accepted, sorted by key, SenseVoice schema), <set-dir>/rejected.tsv
-(file, line, key, reason, detail of every rejected entry) and <set-dir>/report.json (counts).
-
+--set-dir: reads  <set-dir>/{wav.scp,text[,utt2spk,utt2lang,utt2emo,utt2event]} (any order, any size);
+           writes <set-dir>/data.jsonl (accepted, sorted by key, SenseVoice schema), <set-dir>/rejected.tsv
+           (file, line, key, reason, detail of every rejected entry) and <set-dir>/report.json (counts).
 Nothing is dropped silently: entries = accepted + rejected; ``--strict true`` stops at the first bad
 entry instead (exit 2). A set with no accepted entry fails (exit 1).
 
+--overlap: reads  <data-dir>/<set>/data.jsonl of every set of --sets (after the --set-dir runs);
+           writes <data-dir>/overlap.tsv: every utterance of a set that an earlier set holds too (the
+           same key, or the same audio file). A warning says how many; ``--strict true`` makes them
+           fatal (exit 2): the same utterance in train and dev makes the dev scores look better than
+           they are.
+
   python -m local.prepare_data --set-dir data/train --language en --nj 2
+  python -m local.prepare_data --overlap --data-dir data --sets "train dev test" --strict false
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from pathlib import Path
 
 from funasr_recipe.core.cli import EXIT_FAILURE, run_main, str2bool
 from funasr_recipe.core.log import setup_logging
+from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.data.overlap import OVERLAP_TSV, find_overlaps
 from funasr_recipe.data.validate import validate_set
 
 log = logging.getLogger(__name__)
@@ -39,20 +49,54 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_overlap(data_dir: Path, sets: list[str], strict: bool) -> int:
+    """find_overlaps, logged: INFO when no set shares an utterance, else a WARNING (BadInputError when
+    strict) with the counts by kind and by pair, the file that lists them and the option."""
+    counts = find_overlaps(data_dir, sets)
+    listing = data_dir / OVERLAP_TSV
+    total = sum(n for kinds in counts.values() for n in kinds.values())
+    if total == 0:
+        log.info("no utterance is in two of the sets %s (same key or same audio file); %s has the header "
+                 "only", " ".join(sets), listing)
+        return 0
+    by_kind = {kind: sum(kinds[kind] for kinds in counts.values()) for kind in ("key", "audio")}
+    pairs = "; ".join(f"{pair}: {kinds['key']} key, {kinds['audio']} audio"
+                      for pair, kinds in counts.items() if any(kinds.values()))
+    message = (f"{total} utterances are in two sets ({by_kind['key']} by the same key, {by_kind['audio']} "
+               f"by the same audio file; {pairs}), listed in {listing}")
+    if strict:
+        raise BadInputError(f"strict mode: {message}")
+    log.warning("%s; --strict true makes this fatal", message)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--set-dir", type=Path, required=True, help="Kaldi data dir to validate")
+    parser.add_argument("--set-dir", type=Path, help="Kaldi data dir to validate")
+    parser.add_argument("--overlap", action="store_true",
+                        help="instead: look for utterances in two of --sets (under --data-dir)")
+    parser.add_argument("--data-dir", type=Path, help="with --overlap: the dir of the sets' dirs")
+    parser.add_argument("--sets", default="", help='with --overlap: set names, e.g. "train dev test"')
     parser.add_argument("--language", default="en", help="declared language of utterances without utt2lang")
     parser.add_argument("--emotion", default="NEUTRAL", help="declared emotion without utt2emo")
     parser.add_argument("--event", default="Speech", help="declared event without utt2event")
     parser.add_argument("--itn", default="woitn", help="withitn if transcripts keep punctuation and case")
     parser.add_argument("--nj", type=int, default=1, help="processes probing audio headers")
-    parser.add_argument("--strict", type=str2bool, default=False, help="stop at the first bad entry")
+    parser.add_argument("--strict", type=str2bool, default=False,
+                        help="stop at the first bad entry (with --overlap: at any overlap)")
     parser.add_argument("--allow-pipes", type=str2bool, default=False, help="accept 'cmd |' wav.scp entries")
     parser.add_argument("--max-duration", type=float, default=60.0, help="reject longer utterances (s)")
     args = parser.parse_args(argv)
+    sets = [s for s in re.split(r"[\s,]+", args.sets) if s]
+    if args.overlap:
+        if args.set_dir is not None or args.data_dir is None or not sets:
+            parser.error("--overlap takes --data-dir and --sets, not --set-dir")
+    elif args.set_dir is None:
+        parser.error("the following arguments are required: --set-dir (or --overlap)")
     setup_logging()
+    if args.overlap:
+        return run_main(lambda: run_overlap(args.data_dir, sets, args.strict), log)
     return run_main(lambda: run(args), log)
 
 

@@ -1,14 +1,23 @@
-"""local.kaldi_text (parsing, disk-sorted streams) and the validator on unsorted or odd Kaldi files."""
+"""funasr_recipe.data.kaldi_table (parsing, line ends, disk-sorted streams) and the validator on unsorted or
+odd Kaldi files. Reads the bundled digit corpus's wavs; writes only under pytest's tmp_path."""
 
 from __future__ import annotations
 
+import io
 import json
 import random
 from pathlib import Path
 
 import pytest
 
-from funasr_recipe.data.kaldi_table import has_control_chars, parse_line, sorted_records
+from funasr_recipe.data.kaldi_table import (
+    count_lines,
+    has_control_chars,
+    iter_lines,
+    parse_line,
+    read_table,
+    sorted_records,
+)
 from funasr_recipe.data.validate import validate_set
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,10 +69,26 @@ def test_unsorted_input_gives_the_same_sorted_output(tmp_path: Path) -> None:
     a = validate_set(small_set(tmp_path / "sorted", 30))
     b = validate_set(small_set(tmp_path / "shuffled", 30, order))
     assert a["accepted"] == b["accepted"] == 30
-    out_a = (tmp_path / "sorted" / "data.jsonl").read_text().splitlines()
-    out_b = (tmp_path / "shuffled" / "data.jsonl").read_text().splitlines()
+    # "\n" only, as every JSONL reader must: str.splitlines() also splits at U+2028 in a key
+    out_a = (tmp_path / "sorted" / "data.jsonl").read_text(encoding="utf-8").split("\n")[:-1]
+    out_b = (tmp_path / "shuffled" / "data.jsonl").read_text(encoding="utf-8").split("\n")[:-1]
     keys = [json.loads(x)["key"] for x in out_a]
     assert out_a == out_b and keys == sorted(keys)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 5, 1 << 20])
+def test_cr_lf_and_crlf_each_end_one_line_across_blocks(block: int) -> None:
+    data = b"a 1\r\nb 2\rc 3\n\rd 4\r\r\ne 5"
+    assert list(iter_lines(io.BytesIO(data), block)) == [b"a 1\r\n", b"b 2\r", b"c 3\n", b"\r", b"d 4\r",
+                                                          b"\r\n", b"e 5"]
+
+
+def test_read_table_and_count_lines_on_old_mac_line_ends(tmp_path: Path) -> None:
+    src = tmp_path / "text"
+    src.write_bytes(b"\xef\xbb\xbfk1 one\rk2 two\r\rk3 three\r")
+    assert read_table(src) == [("k1", "one"), ("k2", "two"), ("k3", "three")]
+    assert count_lines(src) == 4
+    assert [(r.key, r.lineno) for r in sorted_records(src, tmp_path)] == [("k1", 1), ("k2", 2), ("k3", 4)]
 
 
 def test_utf8_bom_on_the_first_line_is_not_part_of_the_key(tmp_path: Path) -> None:

@@ -1,9 +1,11 @@
-"""Read Kaldi table files (``key value`` lines) as key-sorted streams, in flat memory.
+r"""Read Kaldi table files (``key value`` lines) as key-sorted streams, in flat memory.
 
 Kaldi data dirs are meant to be sorted by key, but users' files often are not. Each file is
 streamed once, every line parsed in bytes (so a non-UTF-8 line is reported, not fatal), written to
 a temporary file and sorted by GNU ``sort``, which spills to disk: memory stays flat however large
-the corpus. Records keep their 1-based line number so that every problem names its line.
+the corpus. Records keep their 1-based line number so that every problem names its line. A line ends
+at ``\r\n``, ``\r`` or ``\n`` (Windows, old Mac and Unix editors), and a UTF-8 byte-order mark
+before the first line is no part of it. A file that cannot be read raises TableError naming it.
 
   for rec in sorted_records(Path("data/train/text"), tmp_dir): ...
   rows = read_table(Path("corpus/data/all/wav.scp"))  # [(key, value)] in file order, small tables
@@ -13,11 +15,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
+
+BOM = b"\xef\xbb\xbf"
+_EOL = re.compile(rb"\r\n|\r|\n")
+BLOCK = 1 << 20  # bytes read at a time by iter_lines
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,7 @@ def has_control_chars(text: str) -> bool:
 def parse_line(raw: bytes, lineno: int) -> Record | None:
     """Parse one raw line; None for a blank line. A key that is not UTF-8 is shown escaped."""
     line = raw.rstrip(b"\r\n")
-    if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
+    if lineno == 1 and line.startswith(BOM):
         line = line[3:]  # a UTF-8 byte-order mark (Windows editors) marks the encoding; it is no content
     parts = line.strip().split(None, 1)
     if not parts:
@@ -70,13 +78,49 @@ def parse_line(raw: bytes, lineno: int) -> Record | None:
     return Record(key, lineno, value)
 
 
+class TableError(ValueError):
+    """A Kaldi table that cannot be read as one: the message names the file (and the line)."""
+
+
+def open_table(path: Path) -> BinaryIO:
+    """``open(path, "rb")``, with a file the user may not read reported as TableError naming it: it is
+    bad input to fix (exit 2), not a crash."""
+    try:
+        return open(path, "rb")
+    except PermissionError:
+        raise TableError(f"{path}: permission denied: this user cannot read it (check the mode and owner "
+                         "of the file and of its directories)") from None
+
+
+def iter_lines(f: BinaryIO, block: int = BLOCK) -> Iterator[bytes]:
+    r"""The raw lines of a binary file, each with its line end, streamed. ``\r\n``, a lone ``\r`` and
+    ``\n`` each end one line: a file saved by an old Mac editor is not one line."""
+    pending = b""
+    while chunk := f.read(block):
+        data = pending + chunk
+        start = 0
+        for m in _EOL.finditer(data):
+            if m.end() == len(data) and data.endswith(b"\r"):
+                break  # the block may have cut a \r\n in two: wait for the next byte
+            yield data[start:m.end()]
+            start = m.end()
+        pending = data[start:]
+    if pending:
+        yield pending
+
+
+def first_field(raw: bytes, lineno: int) -> bytes | None:
+    """The key of a raw line as bytes (without the byte-order mark of line 1); None for a blank line."""
+    if lineno == 1 and raw.startswith(BOM):
+        raw = raw[3:]
+    parts = raw.split(None, 1)
+    return parts[0] if parts else None
+
+
 def count_lines(path: Path) -> int:
-    """Number of lines of a file (streamed)."""
-    n = 0
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            n += block.count(b"\n")
-    return n
+    """Number of lines of a file, a last line without line end included (streamed)."""
+    with open_table(path) as f:
+        return sum(1 for _ in iter_lines(f))
 
 
 def sorted_records(path: Path, tmp_dir: Path, blank_lines: list[int] | None = None) -> Iterator[Record]:
@@ -88,8 +132,8 @@ def sorted_records(path: Path, tmp_dir: Path, blank_lines: list[int] | None = No
     """
     unsorted = tmp_dir / f"{path.name}.unsorted"
     ordered = tmp_dir / f"{path.name}.sorted"
-    with open(path, "rb") as src, open(unsorted, "w", encoding="utf-8") as dst:
-        for lineno, raw in enumerate(src, start=1):
+    with open_table(path) as src, open(unsorted, "w", encoding="utf-8") as dst:
+        for lineno, raw in enumerate(iter_lines(src), start=1):
             rec = parse_line(raw, lineno)
             if rec is None:
                 if blank_lines is not None:
@@ -102,7 +146,7 @@ def sorted_records(path: Path, tmp_dir: Path, blank_lines: list[int] | None = No
                     "-o", str(ordered), str(unsorted)], check=True, env=env)
     unsorted.unlink()
     try:
-        with open(ordered, encoding="utf-8") as f:
+        with open(ordered, encoding="utf-8", newline="\n") as f:
             for line in f:
                 key, lineno, payload = line.rstrip("\n").split("\t", 2)
                 value, error, detail = json.loads(payload)
@@ -111,15 +155,12 @@ def sorted_records(path: Path, tmp_dir: Path, blank_lines: list[int] | None = No
         ordered.unlink(missing_ok=True)
 
 
-class TableError(ValueError):
-    """A Kaldi table that cannot be read as one: the message names the file and line."""
-
-
 def iter_table(path: Path) -> Iterator[Record]:
     """Every non-blank line's record, in file order, duplicates kept (streamed). A line that is not
-    UTF-8 raises TableError naming the file and line; other problems are the caller's to judge."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+    UTF-8, or a file that cannot be read, raises TableError naming the file (and line); other problems
+    are the caller's to judge."""
+    with open_table(path) as f:
+        for lineno, raw in enumerate(iter_lines(f), start=1):
             rec = parse_line(raw, lineno)
             if rec is None:
                 continue

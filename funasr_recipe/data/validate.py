@@ -7,7 +7,9 @@ writes <set-dir>/data.jsonl (accepted, sorted by key, SenseVoice schema), <set-d
 Nothing is dropped silently: every distinct key of wav.scp or text, and every line without a
 readable key, is one entry, and entries = accepted + rejected. ``--strict true`` stops at the first
 bad entry instead. Files are merged by key from disk-sorted streams and audio headers are probed
-by --nj processes in bounded batches, so memory stays flat as the corpus grows.
+by --nj processes in bounded batches, so memory stays flat as the corpus grows. Beyond each line's
+own checks, a key ``sp<factor>-X`` is rejected where X is a key too (stage 1's name for X's
+speed-perturbed copies), and audio shorter than MIN_DURATION_S (which gives no fbank frame).
 
   report = validate_set(Path("data/train"), language="en", nj=2)
 """
@@ -20,6 +22,9 @@ import itertools
 import json
 import logging
 import multiprocessing as mp
+import os
+import re
+import stat
 import sys
 import tempfile
 from collections import Counter
@@ -29,7 +34,15 @@ from pathlib import Path
 
 from funasr_recipe.core.log import Progress
 from funasr_recipe.core.rejections import REJECTED_HEADER, Rejection
-from funasr_recipe.data.kaldi_table import Record, count_lines, sorted_records
+from funasr_recipe.data.kaldi_table import (
+    Record,
+    TableError,
+    count_lines,
+    first_field,
+    iter_lines,
+    open_table,
+    sorted_records,
+)
 from funasr_recipe.data.manifest import manifest_line
 from funasr_recipe.data.tags import canonical_tag
 from funasr_recipe.features.audio import AudioError, AudioInfo, is_pipe, probe_audio
@@ -41,6 +54,12 @@ TAG_TABLES = {"utt2lang": ("language", "unknown_language"), "utt2emo": ("emotion
               "utt2event": ("event", "unknown_event")}
 BATCH = 2048  # entries probed per pool round: bounds memory, keeps both cores busy
 TARGET_RATE = 16000  # what the models' frontends expect; others are counted as "resampled"
+# One 10 ms fbank frame (the frame shift). Anything shorter cannot give a frame once resampled, and a
+# one-sample clip crashes torchaudio's fbank in stage 1. 10 to 25 ms is fine: the frontend shortens its
+# 25 ms window to the clip.
+MIN_DURATION_S = 0.01
+# Stage 1 names the speed-perturbed copies of X ``sp<factor:g>-X`` (features/dump.py: speed_key).
+DERIVED_KEY = re.compile(rb"sp\d+(?:\.\d+)?-(.+)")
 
 
 @dataclass
@@ -75,8 +94,39 @@ def merged_entries(set_dir: Path, tmp_dir: Path, blank: dict[str, list[int]]) ->
         yield entry
 
 
-def check_text(entry: Entry, set_dir: Path, opts: argparse.Namespace, has_utt2spk: bool) -> Rejection | None:
-    """Checks that need no audio, in the order a person fixing the data would want them."""
+def derived_key_clashes(wav_scp: Path) -> dict[str, str]:
+    """{key: X} of every wav.scp key ``sp<number>-X`` whose X is a wav.scp key too: stage 1 would give
+    X's speed-perturbed copy that name as well, and two lines one ark offset.
+
+    Two streamed passes over the keys, in bytes: the first keeps only the candidates' X (such keys are
+    rare), the second looks for them, so memory does not grow with the corpus.
+    """
+    candidates: dict[bytes, list[bytes]] = {}
+    with open_table(wav_scp) as f:
+        for lineno, raw in enumerate(iter_lines(f), start=1):
+            key = first_field(raw, lineno)
+            if key is not None and key.startswith(b"sp") and (m := DERIVED_KEY.fullmatch(key)):
+                candidates.setdefault(m.group(1), []).append(key)
+    clashes: dict[str, str] = {}
+    if not candidates:
+        return clashes
+    with open_table(wav_scp) as f:
+        for lineno, raw in enumerate(iter_lines(f), start=1):
+            key = first_field(raw, lineno)
+            if key is None or key not in candidates:
+                continue
+            for derived in candidates.pop(key):
+                # decoded as parse_line decodes keys, so that the merged entries' keys match
+                clashes[derived.decode("utf-8", "backslashreplace")] = key.decode("utf-8", "backslashreplace")
+            if not candidates:
+                break
+    return clashes
+
+
+def check_text(entry: Entry, set_dir: Path, opts: argparse.Namespace, has_utt2spk: bool,
+               clashes: dict[str, str] | None = None) -> Rejection | None:
+    """Checks that need no audio, in the order a person fixing the data would want them; ``clashes``
+    is derived_key_clashes' answer for the set."""
 
     def reject(table: str, rec: Record | None, reason: str, detail: str) -> Rejection:
         return Rejection(str(set_dir / table), rec.lineno if rec else None, entry.key, reason, detail)
@@ -96,6 +146,10 @@ def check_text(entry: Entry, set_dir: Path, opts: argparse.Namespace, has_utt2sp
         return reject("wav.scp", wav, "missing_in_text", "key has audio but no transcript")
     if not wav.value:
         return reject("wav.scp", wav, "malformed_line", "no audio path after the key")
+    if clashes and (base := clashes.get(entry.key)) is not None:
+        return reject("wav.scp", wav, "derived_key_clash",
+                      f"stage 1 names the speed-perturbed copies of {base!r} so ({entry.key!r} is one of "
+                      f"them), and {base!r} is in this set too: rename this key")
     for table, recs in entry.lines.items():
         if recs[0].error == "control_chars":
             return reject(table, recs[0], "control_chars", recs[0].detail)
@@ -140,9 +194,17 @@ def validate_set(set_dir: Path, language: str = "en", emotion: str = "NEUTRAL", 
         if canonical_tag(kind, getattr(opts, kind)) is None:
             raise ValueError(f"declared {kind} {getattr(opts, kind)!r} is not a SenseVoice tag")
     for required in ("wav.scp", "text"):
-        if not (set_dir / required).is_file():
+        try:  # Path.is_file() would raise a bare PermissionError for a directory this user may not enter
+            is_file = stat.S_ISREG(os.stat(set_dir / required).st_mode)
+        except PermissionError:
+            raise TableError(f"{set_dir / required}: permission denied: this user cannot reach it (check the "
+                             "mode and owner of its directories)") from None
+        except OSError:
+            is_file = False
+        if not is_file:
             raise FileNotFoundError(f"{set_dir / required} is missing: a Kaldi data dir needs wav.scp, text")
     has_utt2spk = (set_dir / "utt2spk").is_file()
+    clashes = derived_key_clashes(set_dir / "wav.scp")
     reasons: Counter[str] = Counter()
     stats = {"sample_rates": Counter(), "channels": Counter(), "subtypes": Counter()}
     converted = Counter({"resampled": 0, "downmixed": 0, "requantized": 0})
@@ -165,7 +227,7 @@ def validate_set(set_dir: Path, language: str = "en", emotion: str = "NEUTRAL", 
             rej.write(REJECTED_HEADER)
             entries = merged_entries(set_dir, Path(tmp), blank)
             while batch := list(itertools.islice(entries, BATCH)):
-                checked = [(e, check_text(e, set_dir, opts, has_utt2spk)) for e in batch]
+                checked = [(e, check_text(e, set_dir, opts, has_utt2spk, clashes)) for e in batch]
                 sources = [e.one("wav.scp").value for e, r in checked if r is None]
                 infos = iter(pool.map(_probe, sources, chunksize=16) if pool else map(_probe, sources))
                 for entry, rejection in checked:
@@ -177,6 +239,11 @@ def validate_set(set_dir: Path, language: str = "en", emotion: str = "NEUTRAL", 
                     elif info is not None and info.duration > max_duration:
                         rejection = Rejection(str(set_dir / "wav.scp"), wav.lineno, entry.key, "too_long",
                                               f"{info.duration:.1f}s > --max-duration {max_duration:g}s")
+                    elif info is not None and info.duration < MIN_DURATION_S:
+                        rejection = Rejection(str(set_dir / "wav.scp"), wav.lineno, entry.key, "too_short",
+                                              f"{info.frames} samples at {info.sample_rate} Hz: "
+                                              f"{info.duration * 1000:.2f} ms < {MIN_DURATION_S * 1000:g} "
+                                              "ms, one fbank frame")
                     if rejection is not None:
                         rejected(rejection, rej)
                     else:
@@ -214,7 +281,8 @@ def validate_set(set_dir: Path, language: str = "en", emotion: str = "NEUTRAL", 
         **{k: dict(sorted(v.items())) for k, v in stats.items()},
         "blank_lines_ignored": {k: v for k, v in blank.items() if v},
         "options": {"language": language, "emotion": emotion, "event": event, "itn": itn,
-                    "allow_pipes": allow_pipes, "max_duration": max_duration, "target_rate": TARGET_RATE},
+                    "allow_pipes": allow_pipes, "max_duration": max_duration, "min_duration": MIN_DURATION_S,
+                    "target_rate": TARGET_RATE},
     }
     (set_dir / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n",
                                          encoding="utf-8")

@@ -2,7 +2,8 @@
 
 Audio is read with soundfile, never with ``torchaudio.load``: in torchaudio 2.9 that goes through
 torchcodec/FFmpeg and is about 30x slower (DESIGN.md). A wav.scp entry is a path, or a Kaldi pipe
-``cmd |`` whose standard output is an audio file.
+``cmd |`` whose standard output is an audio file; a pipe runs in its own process group, which is
+killed whole when it runs over PIPE_TIMEOUT_S. Reads audio files and pipes' output; writes nothing.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import io
 import os
 import re
+import signal
+import stat
 import subprocess
 from dataclasses import dataclass
 
@@ -22,7 +25,8 @@ _TAIL_SECONDS = 0.1
 # libsndfile clamps a truncated WAV's length to the bytes present and notes the mismatch as
 # "data : 32000 (should be 15978)" in its chunk log; that note is the only trace of the cut.
 _WAV_SHORT_DATA = re.compile(r"^data\s*:\s*\d+\s*\(should be \d+\)", re.MULTILINE)
-PIPE_TIMEOUT_S = 120
+# A pipe that fetches from slow storage may need longer; the fault suite needs much shorter.
+PIPE_TIMEOUT_S = float(os.environ.get("RECIPE_PIPE_TIMEOUT_S", 120))
 
 
 class AudioError(Exception):
@@ -57,17 +61,60 @@ def is_pipe(source: str) -> bool:
     return source.rstrip().endswith("|")
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill every process of the pipe's group and reap its shell. Killing only the shell (what
+    ``subprocess.run`` does on a timeout) leaves its children running, and one that holds the pipe's
+    stdout makes the read wait for it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the group is gone already
+    proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
 def run_pipe(source: str) -> bytes:
-    """Run a Kaldi pipe entry and return its standard output; raises AudioError(pipe_failed)."""
+    """Run a Kaldi pipe entry and return its standard output; raises AudioError(pipe_failed).
+
+    The command gets its own session (so its own process group): on a timeout or any error the whole
+    group is killed, not just the shell.
+    """
     cmd = source.rstrip()[:-1]
     try:
-        proc = subprocess.run(cmd, shell=True, capture_output=True, timeout=PIPE_TIMEOUT_S, check=False)
+        proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+    except OSError as e:
+        raise AudioError("pipe_failed", f"'{cmd}' could not start: {e}") from e
+    try:
+        out, err_b = proc.communicate(timeout=PIPE_TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
-        raise AudioError("pipe_failed", f"'{cmd}' ran over {PIPE_TIMEOUT_S}s") from e
+        _kill_group(proc)
+        raise AudioError("pipe_failed", f"'{cmd}' ran over {PIPE_TIMEOUT_S:g}s (its processes were killed; "
+                         "RECIPE_PIPE_TIMEOUT_S sets the limit)") from e
+    except Exception as e:
+        _kill_group(proc)
+        raise AudioError("pipe_failed", f"'{cmd}': {type(e).__name__}: {e}") from e
+    except BaseException:  # an interrupt stays an interrupt, without leaving the pipe running
+        _kill_group(proc)
+        raise
     if proc.returncode != 0:
-        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        err = err_b.decode("utf-8", "replace").strip().splitlines()  # stderr, not data: \r ends lines too
         raise AudioError("pipe_failed", f"'{cmd}' exited {proc.returncode}: {err[-1] if err else ''}")
-    return proc.stdout
+    return out
+
+
+def _denied(source: str) -> AudioError | None:
+    """permission_denied when the user may not read ``source``. Called once libsndfile has failed:
+    it reports a denied read only as "System error.", which would send the user looking at the audio."""
+    try:
+        with open(source, "rb"):
+            return None
+    except PermissionError:
+        return AudioError("permission_denied", f"permission denied: {source}")
+    except OSError:
+        return None
 
 
 def _target(source: str) -> str | io.BytesIO:
@@ -77,9 +124,15 @@ def _target(source: str) -> str | io.BytesIO:
         if not data:
             raise AudioError("pipe_failed", f"'{source}' wrote no output")
         return io.BytesIO(data)
-    if not os.path.exists(source):
-        raise AudioError("missing_file", f"no such file: {source}")
-    if not os.path.isfile(source):
+    try:
+        st = os.stat(source)
+    except PermissionError:  # a directory on the way that this user may not enter: the file may exist
+        raise AudioError("permission_denied", f"permission denied: {source}") from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise AudioError("missing_file", f"no such file: {source}") from None
+    except (OSError, ValueError) as e:  # a name too long, a NUL byte, a dangling loop of links
+        raise AudioError("missing_file", f"no such file: {source} ({e})") from None
+    if not stat.S_ISREG(st.st_mode):
         raise AudioError("unreadable_audio", f"not a regular file: {source}")
     return source
 
@@ -94,6 +147,8 @@ def load_audio(source: str) -> tuple[np.ndarray, int]:
     try:
         data, rate = sf.read(target, dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, ValueError, OSError) as e:
+        if isinstance(target, str) and (denied := _denied(target)):
+            raise denied from e
         raise AudioError("unreadable_audio", f"{source}: {e}") from e
     if data.shape[0] == 0:
         raise AudioError("empty_audio", f"0 samples: {source}")
@@ -103,13 +158,16 @@ def load_audio(source: str) -> tuple[np.ndarray, int]:
 def probe_audio(source: str) -> AudioInfo:
     """Read an entry's header (and its last 0.1 s, to catch truncation); raises AudioError.
 
-    Reasons: missing_file, unreadable_audio, truncated_audio, empty_audio, pipe_failed.
+    Reasons: missing_file, permission_denied, unreadable_audio, truncated_audio, empty_audio,
+    pipe_failed.
     """
     target = _target(source)
     try:
         f = sf.SoundFile(target)
     except (sf.LibsndfileError, RuntimeError, ValueError, OSError) as e:
-        # An unknown format, a mangled header, no audio at all, or no permission to read.
+        if isinstance(target, str) and (denied := _denied(target)):
+            raise denied from e
+        # An unknown format, a mangled header, no audio at all.
         raise AudioError("unreadable_audio", f"{source}: {e}") from e
     with f:
         info = AudioInfo(f.samplerate, f.channels, f.frames, f.subtype)

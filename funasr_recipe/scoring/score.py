@@ -25,6 +25,7 @@ reference of EMO_UNKNOWN/Event_UNK (annotators did not know either) leaves an ut
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
@@ -82,7 +83,8 @@ def read_tags(path: Path) -> dict[str, dict[str, str | None]]:
     first: dict[str, int] = {}
     with open(path, encoding="utf-8-sig", errors="strict") as f:
         try:
-            lines = f.read().splitlines()
+            # Line ends only (str.splitlines would also split a key holding U+2028 or U+0085).
+            lines = re.split(r"\r\n|\r|\n", f.read())
         except UnicodeDecodeError as e:
             raise ScoreInputError(f"{path}: not UTF-8 (byte {e.start})") from None
     if not lines or lines[0].split("\t")[0].strip() != "key":

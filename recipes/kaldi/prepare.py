@@ -13,7 +13,10 @@ N equal runs). spk2utt lines go where their speaker goes; a line whose key has n
 train. Either way every line keeps its bytes and its order, broken ones included (not UTF-8,
 duplicate keys, empty transcripts, `cmd |` pipes): stage 0's validator (local/prepare_data.py)
 reports them by file and line. spk2utt is made from utt2spk only where it is missing. Relative
-wav.scp paths are kept; like Kaldi, they are read relative to the directory run.sh runs in.
+wav.scp paths are kept; like Kaldi, they are read relative to the directory run.sh runs in. Lines end
+at CR LF, CR or LF, and a UTF-8 byte-order mark before a file's first line (Windows editors write one)
+is not part of its first key; the split keeps both as they are. A file that cannot be read fails
+naming it.
 
   python -m recipes.kaldi.prepare --corpus-dir /path/to/my_data --data-dir data --language en
 """
@@ -23,11 +26,13 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import BinaryIO
 
 from funasr_recipe.data.corpus import CorpusInfo, write_corpus_info
+from funasr_recipe.data.kaldi_table import BOM, first_field, iter_lines, open_table
 from recipes.common import (
     CorpusLayoutError,
     log_set,
@@ -43,32 +48,29 @@ SET_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 DEFAULTS = {f.name: f.default for f in fields(CorpusInfo)}
 
 
-def line_key(raw: bytes) -> bytes | None:
-    """First field of a raw Kaldi line (the utterance or speaker id); None for a blank line."""
-    parts = raw.split(None, 1)
-    return parts[0] if parts else None
+def _fields(path: Path) -> Iterator[list[bytes]]:
+    """The whitespace-separated fields of every line of a Kaldi file, a byte-order mark left out."""
+    with open_table(path) as f:
+        for n, raw in enumerate(iter_lines(f), start=1):
+            yield (raw[len(BOM):] if n == 1 and raw.startswith(BOM) else raw).split()
 
 
 def read_utt2spk(path: Path) -> dict[bytes, bytes]:
     """utt2spk as bytes, key -> speaker; the first line of a repeated key wins; lines without a speaker
     are left out (the validator reports them)."""
     spk: dict[bytes, bytes] = {}
-    with open(path, "rb") as f:
-        for raw in f:
-            parts = raw.split()
-            if len(parts) >= 2:
-                spk.setdefault(parts[0], parts[1])
+    for parts in _fields(path):
+        if len(parts) >= 2:
+            spk.setdefault(parts[0], parts[1])
     return spk
 
 
 def write_spk2utt(utt2spk: Path, spk2utt: Path) -> None:
     """Make spk2utt from utt2spk (in bytes): speakers sorted, their utterances in file order."""
     groups: dict[bytes, list[bytes]] = {}
-    with open(utt2spk, "rb") as f:
-        for raw in f:
-            parts = raw.split()
-            if len(parts) >= 2:
-                groups.setdefault(parts[1], []).append(parts[0])
+    for parts in _fields(utt2spk):
+        if len(parts) >= 2:
+            groups.setdefault(parts[1], []).append(parts[0])
     with open(spk2utt, "wb") as f:
         for spk in sorted(groups):
             f.write(spk + b" " + b" ".join(groups[spk]) + b"\n")
@@ -76,8 +78,8 @@ def write_spk2utt(utt2spk: Path, spk2utt: Path) -> None:
 
 def log_counts(set_dir: Path) -> None:
     """Log the utterances (non-blank wav.scp lines) and speakers (utt2spk) of a written set."""
-    with open(set_dir / "wav.scp", "rb") as f:
-        n_utts = sum(1 for raw in f if raw.strip())
+    with open_table(set_dir / "wav.scp") as f:
+        n_utts = sum(1 for raw in iter_lines(f) if raw.strip())
     n_spk = len(set(read_utt2spk(set_dir / "utt2spk").values())) if (set_dir / "utt2spk").is_file() else 0
     log_set(set_dir, n_utts, n_spk)
 
@@ -93,6 +95,15 @@ def check_files(src: Path) -> None:
             log.warning("%s is missing: the validator will reject the utterances of this set", src / name)
 
 
+def copy_file(src: Path, dst: Path) -> None:
+    """shutil.copyfile, with a file this user may not read (or write) named as bad input, not a crash."""
+    try:
+        shutil.copyfile(src, dst)
+    except PermissionError as e:
+        raise CorpusLayoutError(f"{e.filename or src}: permission denied (check the mode and owner of the "
+                                "file and of its directories)") from None
+
+
 def copy_set(src: Path, dst: Path) -> None:
     """Copy the data dir files of src to dst unchanged; spk2utt is made only where it is missing."""
     check_files(src)
@@ -101,7 +112,7 @@ def copy_set(src: Path, dst: Path) -> None:
     for name in FILES:
         if (src / name).is_file():
             if not same:
-                shutil.copyfile(src / name, dst / name)
+                copy_file(src / name, dst / name)
         elif not same:
             (dst / name).unlink(missing_ok=True)  # left from an earlier run
     if not (dst / "spk2utt").is_file() and (dst / "utt2spk").is_file():
@@ -138,17 +149,17 @@ def split_set(src: Path, train: Path, dev: Path, dev_speakers: int | None) -> No
             for d in (train, dev):
                 (d / name).unlink(missing_ok=True)  # left from an earlier run
             continue
-        with (open(src / name, "rb") as f, open(train / name, "wb") as to_train,
+        with (open_table(src / name) as f, open(train / name, "wb") as to_train,
               open(dev / name, "wb") as to_dev):
-            ends = {to_train: True, to_dev: True}  # did the last line written end with a newline?
-            for raw in f:
-                key = line_key(raw)
+            ends = {to_train: True, to_dev: True}  # did the last line written end with a line end?
+            for lineno, raw in enumerate(iter_lines(f), start=1):
+                key = first_field(raw, lineno)  # the utterance (or, in spk2utt, the speaker)
                 spk = key if name == "spk2utt" else utt2spk.get(key) if key is not None else None
                 out: BinaryIO = to_dev if spk in held_out else to_train
                 if not ends[out]:
                     out.write(b"\n")  # a last line without newline is no longer last: end it
                 out.write(raw)
-                ends[out] = raw.endswith(b"\n")
+                ends[out] = raw.endswith((b"\n", b"\r"))
     for d in (train, dev):
         if not (d / "spk2utt").is_file():
             write_spk2utt(d / "utt2spk", d / "spk2utt")
