@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torchaudio
 from funasr.frontends.wav_frontend import apply_lfr
 from torchaudio.compliance import kaldi
 
@@ -64,6 +66,18 @@ def test_speed_perturbation_scales_length_and_keeps_rate() -> None:
     assert abs(resample(x, 8000, 16000, 1.1).shape[1] - 16000 / 1.1) <= 1
     assert abs(resample(x, 16000, 16000, 0.9).shape[1] - 8000 / 0.9) <= 1
     assert resample(x, 16000, 16000, 1.0) is x
+
+
+@pytest.mark.parametrize("rate,speed", [(8000, 1.0), (8000, 0.9), (8000, 1.1), (16000, 0.9), (16000, 1.1),
+                                        (11025, 1.0), (22050, 1.0), (44100, 1.0), (48000, 1.0), (48000, 0.9)])
+def test_small_rate_ratios_keep_torchaudio_resampling_exactly(rate: int, speed: float) -> None:
+    """Where the reduced ratio is small, one torchaudio resampling as before (and as funasr's loader does):
+    features already dumped and the WavFrontend parity stay bit for bit."""
+    x = torch.randn(1, rate, generator=torch.Generator().manual_seed(rate))
+    orig = round(rate * speed)
+    g = math.gcd(orig, 16000)
+    ref = torchaudio.transforms.Resample(orig // g, 16000 // g)(x)
+    assert torch.equal(resample(x, rate, 16000, speed), ref)
 
 
 def test_stereo_is_averaged_before_fbank() -> None:

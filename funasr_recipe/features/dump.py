@@ -9,6 +9,11 @@ i % world-size. A shard whose ``.done`` marker matches the inputs is not recompu
 rejected.tsv,report.json}; ``write_cmvn`` writes the training set's am.mvn (and am.lfr<m>x<n>.mvn, which
 stays valid when another config with other LFR settings rewrites am.mvn).
 
+Any failure of one utterance (unreadable audio, an exception in resampling or fbank) is that
+utterance's rejection (file, line, key, reason), fatal under --strict. A key written twice (a user key
+``sp0.9-X`` next to X perturbed at 0.9) stops the shard or the merge with a ValueError naming both
+stage-0 lines: kaldiio would write both and the scp point them at one offset.
+
 The JSONL keeps stage 0's fields; ``source`` becomes ``<ark>:<offset>`` and ``source_len`` the number
 of 10 ms fbank frames (before low-frame-rate stacking), which is what ``batch_size`` then counts.
 """
@@ -19,6 +24,7 @@ import hashlib
 import json
 import logging
 import time
+from array import array
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -76,7 +82,10 @@ def plan_set(data_dir: Path, dump_dir: Path, name: str, factors: tuple[float, ..
             digest.update(line)
             n_lines += 1
     # "v2": the shard markers' layout of dist/markers.py (summary on line 3); older shards are redone.
-    fp = fingerprint("stage-1 shard v2", digest.hexdigest(), conf.fingerprint(), factors, shard_size)
+    # The listing of what stage 0 read (data/sources.py): a recording replaced by one with the same header
+    # leaves data.jsonl as it was, and its features must still be computed again.
+    fp = fingerprint("stage-1 shard v2", digest.hexdigest(), conf.fingerprint(), factors, shard_size,
+                     contents=[data_dir / ".sources.tsv"])
     return SetPlan(name, jsonl, dump_dir / name, n_lines, factors, shard_size, fp)
 
 
@@ -99,6 +108,42 @@ def read_shard_lines(plan: SetPlan, shards: list[int]) -> dict[int, list[tuple[i
     return lines
 
 
+def feature_error(e: Exception, source: str) -> AudioError:
+    """An unexpected exception of one utterance's audio or fbank as its ``feature_error`` rejection."""
+    return AudioError("feature_error", f"{type(e).__name__}: {e} ({source})")
+
+
+def _features(extractor: FbankExtractor, wave: np.ndarray, rate: int, factor: float,
+              source: str) -> tuple[np.ndarray | None, AudioError | None]:
+    try:
+        feats = extractor.from_wave(wave, rate, factor)
+    except Exception as e:  # torchaudio asserts on a 1-sample clip; any other error is this clip's too
+        return None, feature_error(e, source)
+    if not np.isfinite(feats).all():
+        return None, AudioError("nonfinite_features", f"{source}: NaN or inf in fbank")
+    return feats, None
+
+
+def key_origins(plan: SetPlan, keys: set[str]) -> dict[str, list[tuple[int, str, float]]]:
+    """(stage-0 line, stage-0 key, speed) of every job that gives one of ``keys``, in one pass."""
+    found: dict[str, list[tuple[int, str, float]]] = defaultdict(list)
+    with open(plan.jsonl, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            key = json.loads(line)["key"]
+            for factor in plan.factors:
+                if speed_key(key, factor) in keys:
+                    found[speed_key(key, factor)].append((lineno, key, factor))
+    return found
+
+
+def duplicate_key_error(plan: SetPlan, key: str) -> ValueError:
+    """The error for a key that two jobs of a set write: it names the stage-0 lines of both."""
+    origins = key_origins(plan, {key})[key]
+    jobs = " and ".join(f"{plan.jsonl}:{line} (key {k!r} at speed {f:g})" for line, k, f in origins)
+    return ValueError(f"{plan.out}: key {key!r} is written twice, for {jobs}; keys must be unique "
+                      "(speed perturbation names its copies sp<factor>-<key>): rename one in stage 0's data")
+
+
 def compute_shard(plan: SetPlan, shard: int, lines: list[tuple[int, dict]], extractor: FbankExtractor,
                   strict: bool, progress: Progress) -> dict:
     """Write one shard's ark/scp/jsonl/rejected/stats and its ``.done``; returns its summary."""
@@ -113,21 +158,24 @@ def compute_shard(plan: SetPlan, shard: int, lines: list[tuple[int, dict]], extr
     ark, scp = plan.shard_path(shard, "ark").resolve(), plan.shard_path(shard, "scp").resolve()
     with kaldiio.WriteHelper(f"ark,scp:{ark},{scp}") as writer, \
             open(plan.shard_path(shard, "rejected.tsv"), "w", encoding="utf-8") as rej:
+        written: set[str] = set()
         for lineno, obj in lines:
             index = lineno - 1
             jobs = [j for j in range(index * n_factors, (index + 1) * n_factors) if lo <= j < hi]
+            load_error: AudioError | None = None
             try:
                 wave, rate = load_audio(obj["source"])
-                error = None
             except AudioError as e:
-                error = e
+                load_error = e
+            except Exception as e:  # one utterance's failure is its rejection, never the whole stage's
+                load_error = feature_error(e, obj["source"])
             for job in jobs:
                 factor = plan.factors[job % n_factors]
                 key = speed_key(obj["key"], factor)
-                if error is None:
-                    feats = extractor.from_wave(wave, rate, factor)
-                    if not np.isfinite(feats).all():
-                        error = AudioError("nonfinite_features", f"{obj['source']}: NaN or inf in fbank")
+                if load_error is None:
+                    feats, error = _features(extractor, wave, rate, factor, obj["source"])
+                else:
+                    feats, error = None, load_error
                 if error is not None:
                     rejection = Rejection(str(plan.jsonl), lineno, key, error.reason, error.detail)
                     if strict:
@@ -135,6 +183,9 @@ def compute_shard(plan: SetPlan, shard: int, lines: list[tuple[int, dict]], extr
                     reasons[error.reason] += 1
                     rej.write(rejection.tsv())
                     continue
+                if key in written:  # kaldiio would write both, and the scp point them at one offset
+                    raise duplicate_key_error(plan, key)
+                written.add(key)
                 writer[key] = feats
                 stats.add_lfr(feats, conf.lfr_m, conf.lfr_n)
                 accepted.append((key, {**obj, "speed": factor}, feats.shape[0]))
@@ -160,6 +211,11 @@ def plan_sets(data_dir: Path, dump_dir: Path, sets: list[str], train_set: str, s
     factors = tuple(float(f) for f in speed_perturb.split())
     if not factors or any(not 0.5 <= f <= 2.0 for f in factors):
         raise ValueError(f"--speed-perturb '{speed_perturb}': factors must lie in [0.5, 2]")
+    # By the keys they give, not the floats: 1.0 and 1, or 0.9 and 0.9000001 ("sp0.9-"), would clash.
+    names = Counter(speed_key("", f) for f in factors)
+    if twice := [f for f in factors if names[speed_key("", f)] > 1]:
+        raise ValueError(f"--speed-perturb '{speed_perturb}': factor {twice[0]:g} is given more than once; "
+                         "each copy of an utterance needs its own key")
     return [plan_set(data_dir, dump_dir, name, factors if name == train_set else (1.0,), shard_size, conf)
             for name in sets]
 
@@ -189,6 +245,23 @@ def compute_shards(plans: list[SetPlan], conf: FbankConf, rank: int, world_size:
                  compute_s, audio_s / max(compute_s, 1e-9))
 
 
+def _duplicate_key(scp: Path, hashes: np.ndarray) -> str | None:
+    """A key that ``scp`` holds twice, or None; ``hashes`` are the ``hash()`` of its keys in order."""
+    ordered = np.sort(hashes)
+    twice = set(ordered[1:][ordered[1:] == ordered[:-1]].tolist())
+    if not twice:
+        return None
+    seen: set[str] = set()
+    with open(scp, encoding="utf-8") as f:
+        for line in f:
+            key = line.split(" ", 1)[0]
+            if hash(key) in twice:
+                if key in seen:
+                    return key
+                seen.add(key)
+    return None
+
+
 def merge_set(plan: SetPlan, conf: FbankConf, world_size: int, timeout: float) -> tuple[dict, CmvnStats]:
     """Concatenate a set's shards into its data.jsonl/feats.scp/rejected.tsv/report.json."""
     wait_for_shards(plan.shard_done, plan.n_shards, world_size, str(plan.out), timeout)
@@ -196,6 +269,8 @@ def merge_set(plan: SetPlan, conf: FbankConf, world_size: int, timeout: float) -
     totals = Counter()
     parts = {"data.jsonl": "jsonl", "feats.scp": "scp", "rejected.tsv": "rejected.tsv"}
     outs = {name: open(plan.out / f"{name}.tmp", "w", encoding="utf-8") for name in parts}
+    # 8 bytes a key (80 MB for 10M keys) rather than a set of strings; a collision is sorted out by name.
+    hashes = array("q")
     try:
         outs["rejected.tsv"].write(REJECTED_HEADER)
         for shard in range(plan.n_shards):
@@ -205,10 +280,17 @@ def merge_set(plan: SetPlan, conf: FbankConf, world_size: int, timeout: float) -
             stats.merge(CmvnStats.load(plan.shard_path(shard, "stats.npz")))
             for name, suffix in parts.items():
                 with open(plan.shard_path(shard, suffix), encoding="utf-8") as f:
-                    outs[name].write(f.read())
+                    text = f.read()
+                outs[name].write(text)
+                if name == "feats.scp":
+                    hashes.extend(hash(line.split(" ", 1)[0]) for line in text.splitlines())
     finally:
         for f in outs.values():
             f.close()
+    if (key := _duplicate_key(plan.out / "feats.scp.tmp", np.frombuffer(hashes, dtype=np.int64))) is not None:
+        for name in parts:
+            (plan.out / f"{name}.tmp").unlink()
+        raise duplicate_key_error(plan, key)
     for name in parts:
         (plan.out / f"{name}.tmp").replace(plan.out / name)
     report = {

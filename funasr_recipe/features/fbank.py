@@ -1,7 +1,8 @@
 """Kaldi fbank exactly as funasr's ``WavFrontend`` computes it, from audio read with soundfile.
 
 Reads audio files (any rate, any channel count); returns float32 (frames, n_mels) arrays. The same
-code serves stage 1 (features written once) and the parity test against ``WavFrontend``.
+code serves stage 1 (features written once) and the parity test against ``WavFrontend``. Resampling is
+torchaudio's sinc, as funasr's own, wherever its kernel is small, and soxr's elsewhere (16001 Hz).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 import numpy as np
+import soxr
 import torch
 import torchaudio
 from torchaudio.compliance import kaldi
@@ -45,25 +47,54 @@ class FbankConf:
         return cls(**{k: type(getattr(defaults, k))(conf[k]) for k in asdict(defaults) if k in conf})
 
 
+# torchaudio's sinc kernel has (new/g) x (orig/g + width) taps for g = gcd(orig, new): 282k for 11025 ->
+# 16000 Hz, but 256M (5-9 GB while it is built) for 16001 -> 16000 Hz. Above this, soxr's polyphase
+# resampler, whose cost does not depend on the gcd.
+_MAX_SINC_TAPS = 1_000_000
+
+
 @lru_cache(maxsize=32)
 def _resampler(orig: int, new: int) -> torchaudio.transforms.Resample:
     # The sinc kernel costs more to build than to apply on a short clip: build one per rate pair.
     return torchaudio.transforms.Resample(orig, new)
 
 
+def _reduced(orig: int, new: int) -> tuple[int, int]:
+    g = math.gcd(orig, new)
+    return orig // g, new // g
+
+
+def sinc_is_cheap(orig: int, new: int) -> bool:
+    """True where torchaudio's sinc resampling (funasr's own, byte for byte) has a small kernel."""
+    a, b = _reduced(orig, new)
+    return a * b <= _MAX_SINC_TAPS
+
+
+def change_rate(wave: torch.Tensor, orig: int, new: int) -> torch.Tensor:
+    """(rows, n) audio from ``orig`` to ``new`` Hz: torchaudio's sinc where its kernel is small, as funasr
+    resamples at decoding time; soxr otherwise (length round(n * new / orig) rather than the ceil)."""
+    if orig == new:
+        return wave
+    if sinc_is_cheap(orig, new):
+        return _resampler(*_reduced(orig, new))(wave)
+    x = np.ascontiguousarray(wave.numpy().T)  # soxr takes (frames, channels)
+    return torch.from_numpy(np.ascontiguousarray(soxr.resample(x, orig, new, quality="HQ").T))
+
+
 def resample(wave: torch.Tensor, rate: int, target: int, speed: float = 1.0) -> torch.Tensor:
-    """Resample (1, n) audio to ``target`` Hz, changing speed (and pitch) by ``speed`` on the way.
+    """Resample (rows, n) audio to ``target`` Hz, changing speed (and pitch) by ``speed`` on the way.
 
     Speed perturbation as Kaldi's ``sox speed`` does it: the audio is treated as if recorded at
-    ``rate * speed`` Hz. One resampling does both; torchaudio 2.9 has no ``sox_effects`` any more.
+    ``rate * speed`` Hz. Where that is a whole number of Hz and the sinc kernel from it is small, one
+    torchaudio resampling does both (torchaudio 2.9 has no ``sox_effects`` any more). Otherwise
+    (11025 Hz at speed 0.9 is 9922.5 Hz; 16001 Hz has no common factor with 16000) two steps whose
+    kernels stay small: to ``target`` Hz, then from ``round(target * speed)`` to ``target`` Hz.
     """
     orig = round(rate * speed)
-    if abs(orig / rate - speed) > 1e-6:
-        raise ValueError(f"speed {speed} at {rate} Hz is not a whole number of Hz")
-    if orig == target:
-        return wave
-    g = math.gcd(orig, target)
-    return _resampler(orig // g, target // g)(wave)
+    if abs(orig / rate - speed) <= 1e-6 and sinc_is_cheap(orig, target):
+        return change_rate(wave, orig, target)
+    x = change_rate(wave, rate, target)
+    return x if speed == 1.0 else change_rate(x, round(target * speed), target)
 
 
 @lru_cache(maxsize=64)
@@ -134,8 +165,8 @@ class FbankExtractor:
     def from_waves(self, waves: list[tuple[np.ndarray, int]]) -> list[np.ndarray]:
         """``from_wave`` of several clips, (audio, rate) each, with one resampling call per rate and one
         fbank call for all: per-call overhead, not arithmetic, is most of a short clip's cost. Each
-        clip's frames are computed exactly as alone (the zero padding of the resampler's batch is the
-        zero padding it adds anyway)."""
+        clip's frames are computed exactly as alone (the zero padding of torchaudio's batch is the zero
+        padding it adds anyway; rates that soxr resamples go clip by clip)."""
         conf = self.conf
         monos = [w.mean(axis=1) if w.ndim == 2 and w.shape[1] > 1 else w.reshape(len(w), -1)[:, 0]
                  for w, _ in waves]
@@ -143,6 +174,11 @@ class FbankExtractor:
         with torch.no_grad():
             for rate in {r for _, r in waves}:
                 index = [i for i, (_, r) in enumerate(waves) if r == rate]
+                if not sinc_is_cheap(rate, conf.fs):  # soxr: clip by clip, as from_wave, so its own values
+                    for i in index:
+                        mono = torch.from_numpy(np.ascontiguousarray(monos[i], dtype=np.float32))[None]
+                        scaled[i] = resample(mono, rate, conf.fs)[0] * (1 << 15)
+                    continue
                 batch = torch.zeros(len(index), max(len(monos[i]) for i in index))
                 for row, i in enumerate(index):
                     batch[row, : len(monos[i])] = torch.from_numpy(np.asarray(monos[i], dtype=np.float32))

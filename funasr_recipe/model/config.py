@@ -11,6 +11,7 @@ Recipe-only keys, which funasr ignores:
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -50,3 +51,20 @@ def tokenizer_spec(cfg: DictConfig) -> dict | None:
         return None
     spec = cfg.get("build_tokenizer")
     return None if spec is None else OmegaConf.to_container(spec, resolve=True)
+
+
+def funasr_config(cfg: DictConfig, pretrained_dir: Path | None = None) -> dict:
+    """The config funasr's trainer ends up with, as a dict. For a fine-tune given its local model dir, and
+    a config without ``model_conf`` (as train_ds.main_hydra decides), that is the model dir's config.yaml
+    with the dir's files resolved (configuration.json's file_path_metas: tokenizer, am.mvn) and ours merged
+    over it: funasr's own download_model, which reads a local dir without going to the hub."""
+    ours = OmegaConf.to_container(cfg, resolve=True)
+    if pretrained_dir is None or "model_conf" in ours:
+        return ours
+    from funasr.download.download_model_from_hub import download_model
+
+    logging.disable(logging.WARNING)  # its "trust_remote_code: False" on the root logger is no warning
+    try:
+        return download_model(**{**ours, "model": str(pretrained_dir), "is_training": True})
+    finally:
+        logging.disable(logging.NOTSET)

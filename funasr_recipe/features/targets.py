@@ -1,0 +1,189 @@
+"""Targets that CTC cannot align to their audio, rejected in stage 1's merge before training sees them.
+
+Reads  <dump-dir>/<set>/{data.jsonl,feats.scp,rejected.tsv,report.json} as ``dump.merge_set`` wrote them,
+       the set's stage-0 <data-dir>/<set>/data.jsonl (to name the line a rejected utterance came from),
+       the model's config (funasr's view of it) and its tokenizer;
+writes the same four files without those utterances: each becomes a ``target_too_long_for_audio`` line
+       of rejected.tsv and is counted in report.json.
+
+CTC aligns U tokens to T output frames only if T >= U + R, R the number of adjacent equal tokens (a
+blank must separate them). Otherwise the loss is infinite, and funasr only warns ``1/58 samples got nan
+grad`` and trains on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from funasr_recipe.core.rejections import Rejection
+from funasr_recipe.features.dump import SetPlan, key_origins
+
+log = logging.getLogger(__name__)
+
+REASON = "target_too_long_for_audio"
+
+
+def _sliced(frames: int, cut: int, step: int) -> int:
+    return len(range(frames)[:-cut:step])
+
+
+# Output length of funasr's subsampling input layers (models/transformer/utils/subsampling.py) for T
+# input frames, computed as they slice their masks: Conv2dSubsampling's x_mask[:, :, :-2:2][:, :, :-2:2]
+# is ((T - 1) // 2 - 1) // 2. Other input layers ("pe", "linear", "embed", None) keep every frame.
+SUBSAMPLING: dict[str, Callable[[int], int]] = {
+    "conv2d": lambda t: _sliced(_sliced(t, 2, 2), 2, 2),
+    "conv2d2": lambda t: _sliced(_sliced(t, 2, 2), 2, 1),
+    "conv2d6": lambda t: _sliced(_sliced(t, 2, 2), 4, 3),
+    "conv2d8": lambda t: _sliced(_sliced(_sliced(t, 2, 2), 2, 2), 2, 2),
+    # Pads 4 frames and counts ((T - 1) // 2 + 1 - 1) // 2 + 1; its convolutions need 3 frames to run.
+    "conv2dpad": lambda t: ((t - 1) // 2 + 1 - 1) // 2 + 1 if t >= 3 else 0,
+}
+# Encoders that take an input_layer option and ignore it: SenseVoiceEncoderSmall always embeds with
+# SinusoidalPositionEncoder (its default input_layer, "conv2d", would say 4x).
+_NO_SUBSAMPLING = {"SenseVoiceEncoderSmall"}
+# Models whose loss always includes CTC on the text tokens. SenseVoiceSmall prepends 4 query frames
+# (language, event, emotion, text norm) to the encoder input and takes them off again before its CTC
+# (encoder_out[:, 4:], encoder_out_lens - 4, text[:, 4:]): the CTC sees the LFR frames and the text.
+_ALWAYS_CTC = {"SenseVoiceSmall", "ConformerCTC"}
+
+
+def output_frames(fbank_frames: int, lfr_n: int, input_layer: str | None) -> int:
+    """Frames the encoder outputs for ``fbank_frames`` 10 ms fbank frames: funasr's LFR keeps
+    ceil(frames / lfr_n), then the encoder's input layer subsamples."""
+    lfr = -(-fbank_frames // lfr_n)
+    subsample = SUBSAMPLING.get(input_layer or "")
+    return lfr if subsample is None else max(0, subsample(lfr))
+
+
+def ctc_min_frames(ids: Sequence[int]) -> int:
+    """Fewest frames a CTC alignment of ``ids`` needs: one a token, and a blank between equal neighbours."""
+    return len(ids) + sum(a == b for a, b in zip(ids, ids[1:], strict=False))
+
+
+@dataclass(frozen=True)
+class CtcFrames:
+    """How a model turns a clip's fbank frames into the frames its CTC loss aligns."""
+
+    lfr_n: int
+    input_layer: str | None
+
+    def frames(self, fbank_frames: int) -> int:
+        return output_frames(fbank_frames, self.lfr_n, self.input_layer)
+
+    def problem(self, ids: Sequence[int], fbank_frames: int) -> str | None:
+        """None where CTC can align ``ids`` to the clip, else what is wrong (the rejection's detail)."""
+        need, have = ctc_min_frames(ids), self.frames(fbank_frames)
+        if have >= need:
+            return None
+        repeats = f" and {need - len(ids)} repeats" if need > len(ids) else ""
+        return (f"{len(ids)} tokens{repeats} need {need} CTC frames; the audio gives {have} model output "
+                f"frames ({fbank_frames} fbank frames, LFR n={self.lfr_n}, input layer {self.input_layer})")
+
+
+def _default(table: str, name: str | None, param: str) -> Any:
+    """The default of ``param`` of a class in funasr's registry, or None."""
+    from funasr.register import tables
+
+    cls = getattr(tables, table, {}).get(name) if name else None
+    if cls is None:
+        return None
+    p = inspect.signature(cls.__init__).parameters.get(param)
+    return None if p is None or p.default is inspect.Parameter.empty else p.default
+
+
+def ctc_frames(model_cfg: Mapping, lfr_n: int) -> CtcFrames | None:
+    """How the model of a config (funasr's, after any pretrained config is merged) counts its CTC frames,
+    or None for a model whose loss has no CTC term (a Paraformer with ``ctc_weight: 0``). Unset options
+    take the class's own defaults, from funasr's registry."""
+    model = model_cfg.get("model")
+    model_conf = model_cfg.get("model_conf") or {}
+    if model not in _ALWAYS_CTC:
+        if "ctc_weight" in model_conf:
+            weight = model_conf["ctc_weight"]
+        else:
+            weight = _default("model_classes", model, "ctc_weight")
+        if not weight:
+            return None
+    encoder = model_cfg.get("encoder")
+    if encoder in _NO_SUBSAMPLING:
+        return CtcFrames(lfr_n, None)
+    conf = model_cfg.get("encoder_conf") or {}
+    if "input_layer" in conf:
+        return CtcFrames(lfr_n, conf["input_layer"])
+    return CtcFrames(lfr_n, _default("encoder_classes", encoder, "input_layer"))
+
+
+def load_tokenizer(model_cfg: Mapping) -> Any:
+    """The tokenizer funasr builds for a config: ``tokenizer_classes[tokenizer](**tokenizer_conf)``."""
+    from funasr.register import tables
+
+    name = model_cfg.get("tokenizer")
+    cls = tables.tokenizer_classes.get(name) if name else None
+    if cls is None:
+        raise ValueError(f"tokenizer {name!r} is not one of funasr's {sorted(tables.tokenizer_classes)}")
+    return cls(**(model_cfg.get("tokenizer_conf") or {}))
+
+
+def reject_impossible_targets(plan: SetPlan, ctc: CtcFrames, encode: Callable[[str], Sequence[int]],
+                              frame_shift_ms: float, strict: bool) -> int:
+    """Take the utterances whose target CTC cannot align out of a merged set; returns how many.
+
+    The training set's CMVN keeps their frames: a handful of utterances does not move a global mean.
+    """
+    data = plan.out / "data.jsonl"
+    count = lru_cache(maxsize=1 << 14)(lambda text: tuple(encode(text)))  # speed copies share a target
+    bad: dict[str, tuple[int, int, str]] = {}  # key -> (line of the dump's data.jsonl, frames, detail)
+    with open(data, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            obj = json.loads(line)
+            if (detail := ctc.problem(count(obj["target"]), obj["source_len"])) is not None:
+                bad[obj["key"]] = (lineno, obj["source_len"], detail)
+                if strict:
+                    break
+    if not bad:
+        return 0
+    origins = key_origins(plan, set(bad))
+    rejections = [Rejection(str(plan.jsonl), origins[key][0][0], key, REASON, detail) if origins.get(key)
+                  else Rejection(str(data), lineno, key, REASON, detail)
+                  for key, (lineno, _, detail) in bad.items()]
+    if strict:
+        raise rejections[0].fatal()
+    dropped = {lineno for lineno, _, _ in bad.values()}
+    _rewrite(data, lambda n, _: n not in dropped)
+    _rewrite(plan.out / "feats.scp", lambda _, line: line.split(" ", 1)[0] not in bad)
+    with open(plan.out / "rejected.tsv", "a", encoding="utf-8") as f:
+        f.writelines(r.tsv() for r in rejections)
+    _update_report(plan.out / "report.json", len(bad), sum(frames for _, frames, _ in bad.values()),
+                   frame_shift_ms)
+    log.warning("%s: %d utterances rejected (%s): their targets have more tokens than CTC can align to "
+                "their audio; listed in %s", plan.out, len(bad), REASON, plan.out / "rejected.tsv")
+    return len(bad)
+
+
+def _rewrite(path: Path, keep: Callable[[int, str], bool]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(path, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as out:
+        out.writelines(line for n, line in enumerate(src, 1) if keep(n, line))
+    tmp.replace(path)
+
+
+def _update_report(path: Path, n: int, frames: int, frame_shift_ms: float) -> None:
+    report = json.loads(path.read_text(encoding="utf-8"))
+    report["accepted"] -= n
+    report["rejected"] += n
+    reasons = {**report["rejected_by_reason"], REASON: report["rejected_by_reason"].get(REASON, 0) + n}
+    report["rejected_by_reason"] = dict(sorted(reasons.items()))
+    report["frames"] -= frames
+    # The dump keeps no durations: one frame shift per frame is each clip's length within 25 ms.
+    report["hours"] = round(max(0.0, report["hours"] - frames * frame_shift_ms / 1000 / 3600), 4)
+    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if not report["accepted"]:
+        raise ValueError(f"{path.parent}: no utterance left after the target-length check; see "
+                         f"{path.parent / 'rejected.tsv'}")
