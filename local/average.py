@@ -4,6 +4,9 @@ Reads  <exp-dir>/model.pt (the validation loss of every kept checkpoint) and the
        (funasr_recipe/model/checkpoint.py: fp32 master weights, not funasr's bf16 copies);
 writes <exp-dir>/model.pt.avg<n> and <final-dir> (default <exp-dir>/final): the average as a model dir
        in the hub's format, which decoding and export read.
+Every checkpoint is loaded weights-only, DeepSpeed's shards included: one that holds anything but tensors,
+containers and DeepSpeed's few data classes is refused (exit 2) before it can run code
+(funasr_recipe/model/checkpoint.py says where a library loads otherwise).
 
   python -m local.average --exp-dir exp/tiny_sensevoice --num 5
 """

@@ -3,6 +3,8 @@
 Reads  <exp-dir>/config.yaml and the checkpoint (fp32 weights; funasr_recipe/model/model_dir.py);
 writes <out> (default <exp-dir>/best_model): model.pt, config.yaml, am.mvn, the tokenizer,
        configuration.json, loadable by funasr's AutoModel and as --pretrained-dir for a fine-tune.
+The checkpoint is loaded weights-only (funasr_recipe/model/checkpoint.py): a pickle that would run code is
+refused (exit 2).
 
   python -m local.make_model_dir --exp-dir exp/tiny_sensevoice --checkpoint model.pt.best
 """

@@ -1,12 +1,13 @@
 """Stage 2 entry point, one per rank under torchrun: funasr's own trainer with the recipe's additions
 (funasr_recipe/model/trainer.py: classes registered, CPU patch, options as Hydra overrides;
-funasr_recipe/train/: the hooks for metrics, memory plan and OOM probe, activation checkpointing, and
-the warmup-cosine schedule).
+funasr_recipe/train/: the hooks for metrics, memory plan and OOM probe, activation checkpointing, the
+divergence guard (--max-bad-steps), atomic checkpoints, the list of utterances funasr would leave out,
+and the warmup-cosine schedule).
 
 Reads  the model config, dump/<set>/data.jsonl (or data/<set>/data.jsonl with --feats-type raw),
        dump/<train>/am.lfr<m>x<n>.mvn and dump/tokenizer/<tag>/ for a from-scratch model;
-writes <exp-dir>/: funasr's checkpoints, config.yaml, TensorBoard log; Hydra's own files in
-       <exp-dir>/.hydra.
+writes <exp-dir>/: funasr's checkpoints, config.yaml, TensorBoard log, train_skipped.tsv; Hydra's own
+       files in <exp-dir>/.hydra.
 
   torchrun --nproc-per-node 2 -m local.train --config conf/tiny_sensevoice.yaml --exp-dir exp/x \\
       --train-set train --valid-set dev -- ++train_conf.max_epoch=3
@@ -15,18 +16,25 @@ writes <exp-dir>/: funasr's checkpoints, config.yaml, TensorBoard log; Hydra's o
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import split_overrides, str2bool
+from funasr_recipe.core.cli import run_main, split_overrides, str2bool
+from funasr_recipe.core.lifetime import die_with_parent
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.model.trainer import TrainSetup, hydra_argv, run_trainer
-from funasr_recipe.train import lr_schedule
+from funasr_recipe.train import checkpoint_io, lr_schedule, skipped
 from funasr_recipe.train.hooks import HookOptions, install
 
+log = logging.getLogger(__name__)
 
-def main(argv: list[str] | None = None) -> None:
+
+def main(argv: list[str] | None = None) -> int:
+    # First: torchrun runs each rank in a session of its own, so if torchrun is killed (kill -9, OOM
+    # killer) nothing else stops this rank from training on unseen (funasr_recipe/core/lifetime.py).
+    die_with_parent()
     own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--pretrained-dir", type=Path, help="local dir of the config's pretrained_model")
     parser.add_argument("--strict", type=str2bool, default=False,
-                        help="stop when an utterance would be left out of training (exp-dir/train_skipped.tsv)")
+                        help="an utterance left out of training (exp-dir/train_skipped.tsv) is fatal")
     parser.add_argument("--metrics-port", type=int, default=0,
                         help="Prometheus endpoint on local rank 0 of each node (0: off)")
     parser.add_argument("--grad-checkpoint", type=str2bool, default=False,
@@ -52,24 +60,38 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-limit-gib", type=float, default=None,
                         help="memory per process the probe allows (default: the GPU's; on CPU the host's "
                              "divided by its processes)")
+    parser.add_argument("--max-bad-steps", type=int, default=10,
+                        help="bad steps in a row (a non-finite or exploding loss, a non-finite gradient; "
+                             "each is skipped) that stop training with advice (0: never stop)")
     parser.add_argument("--dry-run", type=str2bool, default=False,
                         help="print the Hydra command line and exit")
     args = vars(parser.parse_args(own))
     dry_run = args.pop("dry_run")
     hooks = HookOptions(metrics_port=args.pop("metrics_port"), grad_checkpoint=args.pop("grad_checkpoint"),
                         oom_probe=args.pop("oom_probe"), memory_limit_gib=args.pop("memory_limit_gib"),
+                        max_bad_steps=args.pop("max_bad_steps"),
                         nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
                         nnodes=max(1, int(os.environ.get("WORLD_SIZE", 1))
                                    // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-    hydra_args = hydra_argv(TrainSetup(**args), overrides)
+    setup = TrainSetup(**args)
+    hydra_args = hydra_argv(setup, overrides)
     if dry_run:
         print("\n".join(hydra_args))
-        return
+        return 0
     setup_logging()  # node and rank on the lines logged before Hydra configures logging
     lr_schedule.register()
     install(hooks)
+    checkpoint_io.install()
+    # Before training: every utterance funasr's filters would drop, listed in <exp-dir>/train_skipped.tsv.
+    # (run_main: --strict's BadInputError is exit 2 with one line, not a traceback on every rank.)
+    def check_skipped() -> None:
+        skipped.check(hydra_args, strict=setup.strict)
+
+    if (rc := run_main(check_skipped, log)) != 0:
+        return rc
     run_trainer(hydra_args)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,20 +1,29 @@
-"""local/average.py on state-dict checkpoints (the ddp engine's format), built here with known weights.
+"""local/average.py on state-dict checkpoints (the ddp engine's format), built here with known weights,
+and its loaders' (and local/make_model_dir.py's) refusal of a pickle that would run code.
 
 DeepSpeed checkpoints (fp32 masters vs bf16 module copies) are tested on a real training run in
-tests/test_decode_e2e.py.
+tests/test_stages_e2e.py, and read weights-only in tests/test_checkpoint_io.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from funasr_recipe.model.checkpoint import average, select_best, validation_losses
+from funasr_recipe.model.checkpoint import (
+    UnsafeCheckpointError,
+    average,
+    fp32_state_dict,
+    select_best,
+    validation_losses,
+)
 from local.average import main
+from local.make_model_dir import main as make_model_dir_main
 
 Weights = dict[str, dict[str, torch.Tensor]]
 
@@ -74,3 +83,38 @@ def test_cli_reads_the_count_from_the_config_and_fails_clearly_without_a_run(tmp
     (tmp_path / "empty").mkdir()
     OmegaConf.save(OmegaConf.create({"train_conf": {}}), tmp_path / "empty" / "config.yaml")
     assert main(["--exp-dir", str(tmp_path / "empty")]) == 2
+
+
+class Payload:
+    """A pickle that runs a command when it is loaded, as a planted checkpoint could."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("where", ["file", "deepspeed"])
+def test_a_checkpoint_that_would_run_code_is_refused(tmp_path: Path, where: str) -> None:
+    """Stage 3's loaders (and make_model_dir's) are weights-only, DeepSpeed's zero_to_fp32 included:
+    the payload is refused, never run."""
+    marker = tmp_path / "ran"
+    exp = tmp_path / "exp"
+    write_run(exp, {"model.pt.ep1": 1.0, "model.pt.ep2": 2.0})
+    bad = {"state_dict": {"w": torch.zeros(2)}, "extra": Payload(marker)}
+    if where == "file":
+        torch.save(bad, exp / "model.pt.ep1")
+    else:
+        (exp / "model.pt.ep1").unlink()
+        (exp / "model.pt.ep1").mkdir()
+        for name in ("mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"):
+            torch.save(bad, exp / "model.pt.ep1" / name)
+    with pytest.raises(UnsafeCheckpointError, match=r"model.pt.ep1.* refused to load .*posix.system"):
+        fp32_state_dict(exp, "model.pt.ep1")
+    assert main(["--exp-dir", str(exp), "--num", "2"]) == 2
+    assert make_model_dir_main(["--exp-dir", str(exp), "--checkpoint", "model.pt.ep1"]) == 2
+    torch.save({"saved_ckpts": {"model.pt.ep2": 2.0}, "extra": Payload(marker)}, exp / "model.pt")
+    with pytest.raises(UnsafeCheckpointError, match="model.pt: refused"):
+        validation_losses(exp)
+    assert not marker.exists(), "the payload ran"

@@ -3,19 +3,26 @@ recipe's options as Hydra overrides of ``funasr.bin.train_ds.main_hydra`` (the t
 
 Reads  the model config, dump/<set>/data.jsonl (or data/<set>/data.jsonl with --feats-type raw),
        dump/<train>/am.lfr<m>x<n>.mvn and dump/tokenizer/<tag>/ for a from-scratch model (the paths it
-       puts in the overrides); writes nothing.
+       puts in the overrides), and for ``resolved_config`` a fine-tune's model dir config; writes nothing.
 
   run_trainer(hydra_argv(TrainSetup(config=Path("conf/tiny_sensevoice.yaml"), ...), overrides))
+
+The train layer's pieces that act before and around the trainer (funasr_recipe/train/: the hooks, the
+atomic checkpoints of train/checkpoint_io.py, the skipped-utterance check of train/skipped.py) are
+installed by local/train.py, the program: this layer may not import them (tests/test_style.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from funasr_recipe.core.log import log_format
 from funasr_recipe.features.cmvn import cmvn_name
@@ -95,6 +102,31 @@ def hydra_argv(args: TrainSetup, overrides: list[str]) -> list[str]:
             model = tokenizer_file(args.dump_dir, tag, spec["kind"]).resolve()
             argv.append(f"++tokenizer_conf.bpemodel={model}")
     return argv + overrides
+
+
+def resolved_config(hydra_args: list[str]) -> dict[str, Any]:
+    """The config funasr's ``train_ds`` runs with for ``hydra_argv``'s command line: Hydra's composition of
+    the config and its overrides and, for a model dir given as ``model`` (a fine-tune, no model_conf), that
+    dir's config under it as funasr's ``download_model`` merges them (the run's keys win)."""
+    from hydra import compose, initialize_config_dir
+
+    options = dict(a.split("=", 1) for a in hydra_args if a.startswith("--config-"))
+    # The hydra.* overrides configure Hydra's own run (its dir, its logging), not the job's config.
+    overrides = [a for a in hydra_args if not a.startswith("--") and not a.lstrip("+~").startswith("hydra.")]
+    with initialize_config_dir(config_dir=options["--config-path"], version_base=None):
+        cfg = compose(config_name=options["--config-name"], overrides=overrides)
+    model = cfg.get("model")
+    if "model_conf" not in cfg and isinstance(model, str) and Path(model).is_dir():
+        from funasr.download.download_model_from_hub import add_file_root_path
+
+        model_dir = Path(model)
+        rooted: dict = {"config": str(model_dir / "config.yaml")}
+        if (model_dir / "configuration.json").is_file():
+            conf = json.loads((model_dir / "configuration.json").read_text(encoding="utf-8"))
+            add_file_root_path(str(model_dir), conf.get("file_path_metas") or {}, rooted)
+        if Path(rooted["config"]).is_file():
+            cfg = OmegaConf.merge(OmegaConf.load(rooted["config"]), rooted, cfg)
+    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def register_recipe_classes() -> None:

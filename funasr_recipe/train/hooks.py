@@ -8,11 +8,12 @@ Trainer method and calls the original unchanged.
 - ``forward_step``/``update_step``/``log``: utterances and frames, data wait, gradient norm, loss and
   learning rate into the metrics; ``validate_epoch``: validation loss, and the schedule's restarts.
 - ``torch.distributed`` collectives are timed per step (the gradient sync of DDP and of DeepSpeed).
+- the divergence guard (funasr_recipe/train/divergence.py) wraps these wrappers: a bad step is skipped.
 
 Reads what the trainer reads; writes log lines and the metrics endpoint (funasr_recipe/train/metrics.py).
 
   install(HookOptions(metrics_port=9400, grad_checkpoint=False, oom_probe=True, memory_limit_gib=None,
-                      nproc_per_node=8, nnodes=2))
+                      nproc_per_node=8, nnodes=2, max_bad_steps=10))
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from funasr_recipe.train import divergence
 from funasr_recipe.train.collectives import CollectiveTimer
 from funasr_recipe.train.memory import GIB, advice, default_limit, largest_batches, model_states, probe
 from funasr_recipe.train.metrics import Exporter, StepMeter, alerts, log_line
@@ -47,6 +49,7 @@ class HookOptions:
     memory_limit_gib: float | None  # None: the GPU's memory, or on CPU the host's shared by its processes
     nproc_per_node: int
     nnodes: int
+    max_bad_steps: int = 10         # bad steps in a row that stop training (0: never)
 
 
 class OutOfMemoryPlan(RuntimeError):
@@ -306,3 +309,4 @@ def install(opts: HookOptions) -> None:
 
     log.info("trainer hooks installed: metrics port %s, grad checkpoint %s, OOM probe %s",
              opts.metrics_port or "off", opts.grad_checkpoint, opts.oom_probe)
+    divergence.install(opts.max_bad_steps)  # last: its wrappers must run outside the ones above
