@@ -8,6 +8,9 @@
 #   ./run.sh --config conf/sensevoice_small.yaml --nnodes 4 --node-rank $R --master-addr 10.0.0.1 \
 #       -- ++dataset_conf.batch_size=8000      # everything after -- goes to the trainer (Hydra)
 set -euo pipefail
+# Files 0644 and dirs 0755 whatever the caller's umask: at 000 everything in data/ and exp/ would be
+# world-writable, and the trainer loads pickled checkpoints from there.
+umask 022
 
 log() {
   local fname=${BASH_SOURCE[1]##*/}
@@ -58,6 +61,7 @@ metrics_port=0          # Prometheus endpoint on local rank 0 of each node while
 grad_checkpoint=false   # true: recompute the encoder's activations in backward (less memory, slower steps)
 oom_probe=true          # true: run the largest batches of epoch 0 once before training, to fail fast on OOM
 memory_limit_gib=       # memory per process the OOM probe allows (empty: the GPU's; on CPU host RAM / processes)
+max_bad_steps=10        # bad steps in a row (non-finite or exploding loss or gradient; each is skipped) that stop training (0: never)
 # ---- end of options
 
 options_block=$(sed -n '/^# ---- options/,/^# ---- end of options/p' "${run_sh}" | grep -E '^[a-z_]+=')
@@ -99,7 +103,7 @@ done
 for n in stage stop_stage; do
   [[ ${!n} =~ ^-?[0-9]+$ ]] || usage_error "--${n//_/-} must be an integer, got '${!n}'"
 done
-for n in nj nnodes node_rank master_port metrics_port; do
+for n in nj nnodes node_rank master_port metrics_port max_bad_steps; do
   [[ ${!n} =~ ^[0-9]+$ ]] || usage_error "--${n//_/-} must be a non-negative integer, got '${!n}'"
 done
 [[ ${comm_profile} =~ ^(default|ethernet|infiniband|debug)$ ]] \
@@ -113,18 +117,15 @@ for b in strict allow_pipes preflight grad_checkpoint oom_probe; do
   [[ ${!b} =~ ^(true|false)$ ]] || usage_error "--${b//_/-} must be true or false, got '${!b}'"
 done
 
-if [ -z "${master_addr}" ]; then
-  if [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null; then
-    master_addr=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n1)
-  else
-    master_addr=127.0.0.1
-  fi
+if [ -z "${master_addr}" ] && [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null; then
+  master_addr=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n1)
 fi
+master_addr=${master_addr:-127.0.0.1}
 
 export NODE_RANK=${node_rank}  # the Python programs put it in every log line
 tag=$(basename "${config}" .yaml)
 exp_dir=${exp_dir:-exp/${tag}}
-mkdir -p "${exp_dir}"
+mkdir -p "${exp_dir}/log"
 
 . ./path.sh
 
@@ -139,6 +140,8 @@ fi
 [[ ${nproc_per_node} =~ ^[1-9][0-9]*$ ]] || usage_error "--nproc-per-node must be auto or a positive integer"
 
 . ./local/run_lib.sh
+trap_signals
+warn_world_writable "${data_dir}" "${dump_dir}" "${exp_dir}" "$(dirname "${exp_dir}")"
 
 log "$0 ${run_args[*]}"
 log "node ${node_rank}/${nnodes}, master ${master_addr}:${master_port}, ${nproc_per_node} ${device} processes per node, exp ${exp_dir}"
@@ -146,18 +149,11 @@ log "node ${node_rank}/${nnodes}, master ${master_addr}:${master_port}, ${nproc_
 # The replay script's arguments: every option given but the stages and --node-rank, then the overrides.
 replay() { write_replay "${exp_dir}" "$1" "${stop_stage}" "${#replay_args[@]}" "${replay_args[@]}" "${hydra_overrides[@]}"; }
 corpus_field() { python -m local.corpus_info --data-dir "${data_dir}" "$@"; }
+pretrained_model() { resolve_pretrained "${config}" "${pretrained_dir}" "${hydra_overrides[@]}"; }  # its dir, or empty
 stage_begins() {  # n "what: inputs -> outputs" [marker the stage needs]: announce, replay script, check
   log "Stage $1: $2"
   replay "$1"
   if [ $# -ge 3 ] && [ ! -f "$3" ]; then log "ERROR: $3 is missing: run stage $(($1 - 1)) first"; exit 1; fi
-}
-comm_applied=false
-apply_comm_profile() {  # the profile's NCCL/torch.distributed variables (the user's are kept), once
-  ${comm_applied} && return 0
-  local exports
-  exports=$(python -m local.comm_env --profile "${comm_profile}" --socket-ifname "${socket_ifname}") || exit 2
-  eval "${exports}"
-  comm_applied=true
 }
 preflight_ran=false
 run_preflight() {  # every node: do they agree with node 0, is exp/ shared, bandwidth -> exp/<tag>/preflight.json
@@ -166,7 +162,6 @@ run_preflight() {  # every node: do they agree with node 0, is exp/ shared, band
   # --nnodes agree. Only the node rank and the stages may differ.
   effective=$(for n in ${option_names}; do
     case ${n} in stage|stop_stage|node_rank) ;; *) printf '%s=%q ' "${n}" "${!n}" ;; esac; done)
-  mkdir -p "${exp_dir}/log"
   log "preflight with ${nnodes} node(s) at ${master_addr}:${master_port}; log in ${exp_dir}/log/preflight.node${node_rank}.log"
   if ! python -m local.preflight --nnodes "${nnodes}" --node-rank "${node_rank}" --master-addr "${master_addr}" \
       --master-port "${master_port}" --nproc-per-node "${nproc_per_node}" --device "${device}" \
@@ -185,7 +180,7 @@ check_opts=(--nj "${nj}" --strict "${strict}" --allow-pipes "${allow_pipes}" --m
 
 if [ "${stage}" -le -1 ] && [ "${stop_stage}" -ge -1 ]; then
   stage_begins -1 "preflight: code, packages, config, data, shared dirs, resources, bandwidth -> ${exp_dir}/preflight.json"
-  apply_comm_profile
+  apply_comm_profile "${comm_profile}" "${socket_ifname}"
   run_preflight
 fi
 
@@ -195,9 +190,12 @@ if [ "${stage}" -le 0 ] && [ "${stop_stage}" -ge 0 ]; then
   stage0_fp=$(fingerprint -- "${recipe_fp}" "${check_opts[@]:2}")
   if [ "${node_rank}" -ne 0 ]; then
     wait_for_node0 "${data_dir}/.done" "${stage0_fp}" "stage 0" "${wait_timeout}"
-  elif is_done "${data_dir}/.done" "${stage0_fp}"; then
+  elif is_done "${data_dir}/.done" "${stage0_fp}" && python -m local.marker sources check "${data_dir}" 2>/dev/null; then
     log "${data_dir} is done; skipping (remove ${data_dir}/.done to redo)"
   else
+    rm -f "${data_dir}/.done"  # first: a node waiting on it must not take the last run's for this one's
+    # A corpus file edited since the last run (the check says which) makes the recipe read it all again.
+    python -m local.marker sources check "${data_dir}" || rm -f "${data_dir}/.recipe.done"
     mkdir -p "${data_dir}/log"
     if ! is_done "${data_dir}/.recipe.done" "${recipe_fp}"; then
       log "recipes/${corpus}: log in ${data_dir}/log/recipe.log"
@@ -206,10 +204,12 @@ if [ "${stage}" -le 0 ] && [ "${stop_stage}" -ge 0 ]; then
         --data-dir "${data_dir}" ${prep_opts} 2>&1 | tee "${data_dir}/log/recipe.log" >&2
       mark_done "${data_dir}/.recipe.done" "${recipe_fp}"
     fi
+    python -m local.marker sources write "${data_dir}"
     for set in $(corpus_field sets); do
       validate_set "${data_dir}/${set}" "${data_dir}" \
         "$(set_fingerprint "${data_dir}/${set}" "${data_dir}" "${stage0_fp}")" "${check_opts[@]}"
     done
+    python -m local.prepare_data --overlap --data-dir "${data_dir}" --sets "$(corpus_field sets)" --strict "${strict}"
     mark_done "${data_dir}/.done" "${stage0_fp}"
   fi
 fi
@@ -220,8 +220,8 @@ if [ "${stage}" -le 1 ] && [ "${stop_stage}" -ge 1 ]; then
   fbank_opts=(--config "${config}" --data-dir "${data_dir}" --dump-dir "${dump_dir}" --sets "$(corpus_field sets)"
     --train-set "$(corpus_field train_set)" --speed-perturb "${speed_perturb}" --shard-size "${shard_size}"
     --strict "${strict}")
-  stage1_fp=$(fingerprint --markers "${data_dir}/.done" --contents "${config}" -- "${fbank_opts[@]}" \
-    "${hydra_overrides[@]}")
+  stage1_fp=$(fingerprint --markers "${data_dir}/.done" --contents "${config}" "${data_dir}/.sources.tsv" \
+    -- "${fbank_opts[@]}" "${pretrained_dir}" "${hydra_overrides[@]}")
   if is_done "${dump_dir}/.done" "${stage1_fp}"; then
     log "${dump_dir} is done; skipping (remove ${dump_dir}/.done to redo; finished shards are kept)"
   else
@@ -232,8 +232,11 @@ if [ "${stage}" -le 1 ] && [ "${stop_stage}" -ge 1 ]; then
     run_node_procs "${nj}" "${node_rank}" "${dump_dir}/log/fbank" python -m local.compute_fbank work \
       "${fbank_opts[@]}" --world-size "${world}" -- "${hydra_overrides[@]}" || exit 1
     if [ "${node_rank}" -eq 0 ]; then
+      # The pretrained model's tokenizer tells which transcripts are too long for their audio (CTC).
+      pretrained=$(pretrained_model) || exit 1
       python -m local.compute_fbank merge "${fbank_opts[@]}" --world-size "${world}" --wait-timeout "${wait_timeout}" \
-        --tokenizer-dir "${dump_dir}/tokenizer/${tag}" -- "${hydra_overrides[@]}" 2>&1 | tee "${dump_dir}/log/merge.log" >&2
+        --tokenizer-dir "${dump_dir}/tokenizer/${tag}" ${pretrained:+--pretrained-dir "${pretrained}"} \
+        -- "${hydra_overrides[@]}" 2>&1 | tee "${dump_dir}/log/merge.log" >&2
       mark_done "${dump_dir}/.done" "${stage1_fp}"
     else
       wait_for_node0 "${dump_dir}/.done" "${stage1_fp}" "stage 1" "${wait_timeout}"
@@ -246,9 +249,10 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
   [ -f "${ds_config}" ] || usage_error "--ds-config ${ds_config}: no such file (have: $(echo ds_configs/*.json))"
   train_opts=(--config "${config}" --exp-dir "${exp_dir}" --data-dir "${data_dir}" --dump-dir "${dump_dir}"
     --train-set "$(corpus_field train_set)" --valid-set "$(corpus_field valid_set)"
-    --feats-type "${feats_type}" --train-engine "${train_engine}" --ds-config "${ds_config}" --device "${device}")
+    --feats-type "${feats_type}" --train-engine "${train_engine}" --ds-config "${ds_config}" --device "${device}"
+    --strict "${strict}")
   # Each node resolves the pretrained model itself (a hub download lands in the node's own cache).
-  pretrained=$(resolve_pretrained "${config}" "${pretrained_dir}" "${hydra_overrides[@]}") || exit 1
+  pretrained=$(pretrained_model) || exit 1
   [ -n "${pretrained}" ] && { train_opts+=(--pretrained-dir "${pretrained}"); log "fine-tuning ${pretrained}"; }
   stage2_fp=$(fingerprint --markers "${dump_dir}/.done" --contents "${config}" "${ds_config}" -- "${train_opts[@]}" \
     "${nnodes}" "${nproc_per_node}" "${hydra_overrides[@]}")
@@ -256,7 +260,7 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
     log "${exp_dir} is trained; skipping (remove ${exp_dir}/.train.done to train again)"
   else
     train_log=${exp_dir}/train.log; [ "${node_rank}" -eq 0 ] || train_log=${exp_dir}/train.node${node_rank}.log
-    apply_comm_profile
+    apply_comm_profile "${comm_profile}" "${socket_ifname}"
     # Before torchrun, which alone would only time out without naming the missing node: all nodes started
     # and exp/ shared. The preflight checks both (and more); without it, the nodes check in at exp/.nodes.
     if [ "${preflight}" = true ]; then
@@ -271,22 +275,23 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
       "$([ "${train_engine}" = deepspeed ] && echo "(${ds_config})"); log in ${train_log}" \
       "(a rerun resumes from ${exp_dir}/model.pt)"
     # Options of the run that do not change its result: not in the fingerprint.
-    hook_opts=(--metrics-port "${metrics_port}" --grad-checkpoint "${grad_checkpoint}" --oom-probe "${oom_probe}")
+    hook_opts=(--metrics-port "${metrics_port}" --grad-checkpoint "${grad_checkpoint}" --oom-probe "${oom_probe}"
+      --max-bad-steps "${max_bad_steps}")
     [ -n "${memory_limit_gib}" ] && hook_opts+=(--memory-limit-gib "${memory_limit_gib}")
-    if ! torchrun --nnodes "${nnodes}" --node-rank "${node_rank}" --master-addr "${master_addr}" \
+    nodes=${exp_dir}/.nodes
+    if ! train_on_node "${train_log}" "${nodes}" "${stage2_fp}" "${node_rank}" \
+        torchrun --nnodes "${nnodes}" --node-rank "${node_rank}" --master-addr "${master_addr}" \
         --master-port "${master_port}" --nproc-per-node "${nproc_per_node}" \
-        -m local.train "${train_opts[@]}" "${hook_opts[@]}" -- "${hydra_overrides[@]}" 2>&1 \
-        | tee -a "${train_log}" >&2; then
+        -m local.train "${train_opts[@]}" "${hook_opts[@]}" -- "${hydra_overrides[@]}"; then
       log "ERROR: training failed on node ${node_rank}; see ${train_log}."
-      if grep -q "OutOfMemoryPlan" "${train_log}"; then
-        log "The largest batch of the first epoch does not fit in memory: see 'To fit:' above."
-      fi
-      if grep -qiE "timed out|timeout|Connection refused|rendezvous" "${train_log}"; then
-        log "The ranks did not all meet at ${master_addr}:${master_port}: are all ${nnodes} nodes running this" \
-          "command with the same --nnodes/--master-addr/--master-port, and can they reach node 0 (firewall," \
-          "NCCL_SOCKET_IFNAME)?"
-      fi
+      python -m local.marker node explain "${nodes}" "${stage2_fp}" --node-rank "${node_rank}" --nnodes "${nnodes}" \
+        --log "${train_log}" --master "${master_addr}:${master_port}" || true
       exit 1
+    fi
+    # torchrun reports success after its exit barrier times out on a peer that left: ask the peers.
+    if [ "${nnodes}" -gt 1 ]; then
+      python -m local.marker node wait-peers "${nodes}" "${stage2_fp}" --node-rank "${node_rank}" \
+        --nnodes "${nnodes}" --timeout "${wait_timeout}" || exit 1
     fi
     if [ "${node_rank}" -eq 0 ]; then
       python -m local.plot_training "${train_log}" --out "${exp_dir}/curves" || log "WARNING: no training curves"
@@ -300,7 +305,6 @@ fi
 if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
   stage_begins 3 "averaging, decoding, scoring: ${exp_dir}/ -> ${exp_dir}/{final/,decode_<set>/,RESULTS.md}" \
     "${exp_dir}/.train.done"
-  mkdir -p "${exp_dir}/log"
   stage3_fp=$(fingerprint --markers "${exp_dir}/.train.done" --)
   if [ "${node_rank}" -ne 0 ]; then
     wait_for_node0 "${exp_dir}/final/.done" "${stage3_fp}" "averaging" "${wait_timeout}"
@@ -328,7 +332,7 @@ if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
   done <<< "${decode_dir}"
   # The averaged model, and the pretrained one it was fine-tuned from, so that RESULTS shows both.
   models=("final:${exp_dir}/final")
-  pretrained=$(resolve_pretrained "${config}" "${pretrained_dir}" "${hydra_overrides[@]}") || exit 1
+  pretrained=$(pretrained_model) || exit 1
   [ -n "${pretrained}" ] && models+=("pretrained:${pretrained}")
   world=$((nnodes * nproc_per_node))
   for entry in "${models[@]}"; do
@@ -362,7 +366,6 @@ if [ "${stage}" -le 4 ] && [ "${stop_stage}" -ge 4 ]; then
     "${exp_dir}/final/.done"
   if [ "${node_rank}" -eq 0 ]; then
     # Parity is checked on the validation set: the stage fails (exit 1) when ONNX and PyTorch disagree.
-    mkdir -p "${exp_dir}/log"
     python -m local.export --model-dir "${exp_dir}/final" --out "${exp_dir}/export" --threads "${ncpu}" \
       --data-jsonl "${data_dir}/$(corpus_field valid_set)/data.jsonl" 2>&1 | tee "${exp_dir}/log/export.log" >&2
   fi
@@ -372,7 +375,6 @@ if [ "${stage}" -le 5 ] && [ "${stop_stage}" -ge 5 ]; then
   stage_begins 5 "package and benchmark: ${exp_dir}/export/ -> ${exp_dir}/{package/,package.tar.gz,benchmark.md}; logs in ${exp_dir}/log/" \
     "${exp_dir}/export/.done"
   if [ "${node_rank}" -eq 0 ]; then
-    mkdir -p "${exp_dir}/log"
     # The benchmark first: the model card embeds its table.
     bench_set=$(corpus_field test_sets | cut -d' ' -f1)
     python -m local.bench_runtime --exp-dir "${exp_dir}" --data-jsonl "${data_dir}/${bench_set}/data.jsonl" \
@@ -387,14 +389,6 @@ if [ "${node_rank}" -eq 0 ] && [ "${stop_stage}" -ge 3 ] && [ -f "${data_dir}/co
     if [ -e "${exp_dir}/${f}" ]; then log "  ${exp_dir}/${f}"; fi
   done
   result=${exp_dir}/decode_$(corpus_field valid_set)/result.json
-  if [ -f "${result}" ]; then
-    log "$(python - "${result}" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"{r['model']} on {r['set']} ({r['utterances']} utterances): WER {100 * r['wer']['rate']:.2f}%, "
-      f"CER {100 * r['cer']['rate']:.2f}%")
-PY
-)"
-  fi
+  if [ -f "${result}" ]; then log "$(python -m local.results_md --headline "${result}")"; fi
 fi
 log "Successfully finished stages ${stage}-${stop_stage} in ${SECONDS}s"

@@ -1,13 +1,22 @@
 """run.sh's side of the marker system (funasr_recipe/dist/markers.py): fingerprints, ``.done`` markers,
-waiting for node 0, node check-in. The stage programs use the same module from Python.
+waiting for node 0, node check-in; what stage 0 read (data/sources.py); the nodes' heartbeats and outcomes
+during training (dist/node_status.py). The stage programs use the same modules from Python.
 
-Reads and writes only the marker and check-in files named on the command line; prints a fingerprint.
+Reads and writes only the marker, listing and node files named on the command line; prints a fingerprint,
+or what changed, or why training failed.
 
   python -m local.marker fingerprint [--files F ...] [--contents F ...] [--markers M ...] -- PART ...
   python -m local.marker check data/.done FP      # exit 0 if the marker holds FP, else 1 (as test(1))
   python -m local.marker write data/.done FP
   python -m local.marker wait data/.done FP --what "stage 0" --timeout 7200
   python -m local.marker check-in exp/x/.nodes FP --node-rank 1 --nnodes 4 --timeout 7200
+  python -m local.marker sources write data     # after stage 0: what it read
+  python -m local.marker sources check data     # exit 0 if unchanged, else 1 and what changed
+  python -m local.marker node heartbeat exp/x/.nodes FP --node-rank 1 --parent $$   # until $$ is gone
+  python -m local.marker node outcome exp/x/.nodes FP --node-rank 1 --ok true
+  python -m local.marker node wait-peers exp/x/.nodes FP --node-rank 0 --nnodes 2 --timeout 600
+  python -m local.marker node explain exp/x/.nodes FP --node-rank 0 --nnodes 2 --log exp/x/train.log \\
+      --master 10.0.0.1:29500
 """
 
 from __future__ import annotations
@@ -17,10 +26,13 @@ import logging
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import run_main, split_overrides
+from funasr_recipe.core.cli import EXIT_FAILURE, run_main, split_overrides, str2bool
 from funasr_recipe.core.log import setup_logging
+from funasr_recipe.data import sources
+from funasr_recipe.dist import node_status
 from funasr_recipe.dist.checkin import check_in
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done, read_fingerprint, wait_for_marker
+from funasr_recipe.dist.train_failure import explain
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +43,32 @@ def marker_fingerprints(markers: list[Path]) -> list[str]:
     if missing := [str(m) for m, fp in zip(markers, found, strict=True) if fp is None]:
         raise FileNotFoundError(f"{', '.join(missing)} missing: run the stage that writes it first")
     return [fp for fp in found if fp is not None]
+
+
+def _sources(action: str, data_dir: Path) -> int:
+    if action == "write":
+        log.info("stage 0 read the files listed in %s", sources.write_listing(data_dir))
+        return 0
+    if changes := sources.compare(data_dir):
+        for line in changes:
+            log.info("since stage 0 last ran: %s", line)
+        return EXIT_FAILURE
+    return 0
+
+
+def _node(args: argparse.Namespace) -> int:
+    nodes, fp, rank = args.nodes_dir, args.fingerprint, args.node_rank
+    if args.action == "heartbeat":
+        node_status.start(nodes, rank)
+        node_status.heartbeat(nodes, fp, rank, args.parent)
+    elif args.action == "outcome":
+        node_status.set_outcome(nodes, fp, rank, args.ok)
+    elif args.action == "wait-peers":
+        node_status.wait_for_peers(nodes, fp, rank, args.nnodes, args.timeout)
+    else:
+        for line in explain(nodes, fp, args.nnodes, rank, args.log, args.master, args.watch):
+            log.error("%s", line)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,8 +94,27 @@ def main(argv: list[str] | None = None) -> int:
     checkin.add_argument("--node-rank", type=int, required=True)
     checkin.add_argument("--nnodes", type=int, required=True)
     checkin.add_argument("--timeout", type=float, required=True, help="seconds")
+    src = sub.add_parser("sources", help="what stage 0 read: write its listing, or check it is unchanged")
+    src.add_argument("action", choices=("write", "check"))
+    src.add_argument("data_dir", type=Path)
+    node = sub.add_parser("node", help="this node's heartbeat and outcome during training; the peers' state")
+    node.add_argument("action", choices=("heartbeat", "outcome", "wait-peers", "explain"))
+    node.add_argument("nodes_dir", type=Path)
+    node.add_argument("fingerprint")
+    node.add_argument("--node-rank", type=int, required=True)
+    node.add_argument("--nnodes", type=int, default=1)
+    node.add_argument("--parent", type=int, help="heartbeat: beat while this process lives")
+    node.add_argument("--ok", type=str2bool, default=False, help="outcome: true if training succeeded here")
+    node.add_argument("--timeout", type=float, default=600, help="wait-peers: seconds")
+    node.add_argument("--log", type=Path, help="explain: this node's training log")
+    node.add_argument("--master", default="", help="explain: master address:port, for the message")
+    node.add_argument("--watch", type=float, default=15.0, help="explain: seconds to watch the peers")
     args = parser.parse_args(own)
     setup_logging()
+    if args.command == "sources":
+        return run_main(lambda: _sources(args.action, args.data_dir), log)
+    if args.command == "node":
+        return run_main(lambda: _node(args), log)
     if args.command == "fingerprint":
         return run_main(lambda: print(fingerprint(*marker_fingerprints(args.markers), *parts,
                                                   files=args.files, contents=args.contents)), log)

@@ -2,14 +2,16 @@
 (funasr_recipe/scoring/results_md.py).
 
 Reads  <exp-dir>/decode_*/result.json (local/score.py);
-writes <exp-dir>/RESULTS.md (or --out).
+writes <exp-dir>/RESULTS.md (or --out); with --headline, prints one result's line for run.sh's summary.
 
   python -m local.results_md --exp-dir exp/sensevoice_small
+  python -m local.results_md --headline exp/sensevoice_small/decode_dev/result.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -21,13 +23,25 @@ from funasr_recipe.scoring.results_md import write_results_md
 log = logging.getLogger(__name__)
 
 
+def headline(result_json: Path) -> str:
+    """``<model> on <set> (<n> utterances): WER x%, CER y%`` of one scored decode dir."""
+    r = json.loads(result_json.read_text(encoding="utf-8"))
+    return (f"{r['model']} on {r['set']} ({r['utterances']} utterances): WER {100 * r['wer']['rate']:.2f}%, "
+            f"CER {100 * r['cer']['rate']:.2f}%")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--exp-dir", type=Path, required=True, help="experiment dir (exp/<tag>)")
+    parser.add_argument("--exp-dir", type=Path, help="experiment dir (exp/<tag>)")
+    parser.add_argument("--headline", type=Path, help="print this result.json's line and exit")
     parser.add_argument("--out", type=Path, help="output file (default: <exp-dir>/RESULTS.md)")
     args = parser.parse_args(argv)
     setup_logging()
+    if args.headline:
+        return run_main(lambda: print(headline(args.headline)), log)
+    if args.exp_dir is None:
+        parser.error("--exp-dir is required")
     return run_main(lambda: log.info("wrote %s", write_results_md(args.exp_dir, args.out
                                                                  or args.exp_dir / "RESULTS.md")), log)
 

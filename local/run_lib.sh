@@ -26,12 +26,23 @@ wait_for_nodes() {  # exp_dir fingerprint node_rank nnodes timeout: every node c
   python -m local.marker check-in "${nodes}" "$2" --node-rank "$3" --nnodes "$4" --timeout "$5" || exit 1
 }
 
+warn_world_writable() {  # dir...: warn for each existing one that any user may write to
+  local d
+  for d in "$@"; do
+    if [ ! -d "${d}" ] || [ -z "$(find "${d}" -maxdepth 0 -perm -o+w)" ]; then continue; fi
+    log "WARNING: ${d} is writable by every user of this machine: anyone could replace a checkpoint (a pickle" \
+      "the trainer loads) or a feature shard. Share it through a group instead: chgrp <team> ${d}; chmod 2775 ${d}"
+  done
+}
+
 # --- stage 0 (and stage 3's --decode-dir): validation of one Kaldi data dir --------------------------
 set_fingerprint() {  # kaldi_dir data_dir part...: its tables' bytes, the corpus's declared tags, the parts
   local dir=$1 data_dir=$2 declared
   shift 2
   declared=$(python -m local.corpus_info --data-dir "${data_dir}" language emotion event itn)
-  fingerprint --contents "${dir}"/{wav.scp,text,utt2spk,utt2lang,utt2emo,utt2event} -- "$@" "${declared}"
+  # .sources.tsv: the audio's sizes and times, so that a replaced recording is validated again.
+  fingerprint --contents "${dir}"/{wav.scp,text,utt2spk,utt2lang,utt2emo,utt2event} "${data_dir}/.sources.tsv" \
+    -- "$@" "${declared}"
 }
 validate_set() {  # set_dir data_dir fingerprint prepare_data_option...: data.jsonl of one set, unless current
   local set_dir=$1 data_dir=$2 fp=$3 name declared
@@ -54,6 +65,15 @@ copy_kaldi_dir() {  # src dst: the Kaldi tables of src into dst, rewriting only 
 }
 
 # --- processes and launches -------------------------------------------------------------------------
+trap_signals() {  # [command]: on INT/TERM/HUP run the command, then exit 128+signal. Without a trap, a
+  # Ctrl-C that hits a Python child (which exits 1 from KeyboardInterrupt instead of dying of the signal)
+  # reads to bash as that command failing: an `if is_done` check then just takes the other branch.
+  local sig
+  for sig in INT TERM HUP; do
+    # shellcheck disable=SC2064  # expanded now: the command and the signal
+    trap "${1:+$1; }log 'ERROR: stopped by SIG${sig}; a rerun continues from the last finished work'; exit $((128 + $(kill -l "${sig}")))" "${sig}"
+  done
+}
 run_node_procs() {  # n node_rank log_prefix command...: n processes of this node, RANK = node_rank * n + i
   local n=$1 node=$2 prefix=$3 i rank failed=0 pids=()
   shift 3
@@ -69,6 +89,34 @@ run_node_procs() {  # n node_rank log_prefix command...: n processes of this nod
     grep -h ERROR "${prefix}".*.log >&2 || true
     log "ERROR: a process failed; see ${prefix}.*.log"; return 1
   fi
+}
+train_on_node() {  # log nodes_dir fingerprint node_rank command...: the command (torchrun) teed to log, with
+  # this node's heartbeat beside it and its outcome written after; returns the command's status.
+  local log=$1 nodes=$2 fp=$3 node=$4 pid hb rc=0 ok=false
+  shift 4
+  python -m local.marker node heartbeat "${nodes}" "${fp}" --node-rank "${node}" --parent $$ &
+  hb=$!
+  # NOTE: in the background, not the foreground: bash runs a trap only after a foreground command ends,
+  # and torchrun's workers live in their own sessions, so a signal to run.sh's process group misses them.
+  # On TERM torchrun stops its workers; local/train.py makes them die with torchrun on a kill -9.
+  "$@" > >(tee -a "${log}" >&2) 2>&1 &
+  pid=$!
+  trap_signals "log 'stopping training on this node'; kill -TERM ${pid} 2>/dev/null; wait ${pid} || true; kill ${hb} 2>/dev/null || true"
+  wait "${pid}" || rc=$?
+  trap_signals
+  kill "${hb}" 2>/dev/null || true
+  [ "${rc}" -eq 0 ] && ok=true
+  python -m local.marker node outcome "${nodes}" "${fp}" --node-rank "${node}" --ok "${ok}"
+  return "${rc}"
+}
+comm_applied=false
+apply_comm_profile() {  # profile socket_ifname: the profile's NCCL/torch.distributed variables (the user's
+  # are kept), exported once
+  ${comm_applied} && return 0
+  local exports
+  exports=$(python -m local.comm_env --profile "$1" --socket-ifname "$2") || exit 2
+  eval "${exports}"
+  comm_applied=true
 }
 resolve_pretrained() {  # config pretrained_dir hydra_override...: prints the local dir of the config's
   # pretrained model (empty: it trains from scratch)

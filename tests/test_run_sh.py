@@ -16,7 +16,8 @@ OPTIONS = ("--stage", "--stop-stage", "--config", "--corpus", "--corpus-dir", "-
            "--exp-dir", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--nproc-per-node",
            "--nj", "--strict", "--allow-pipes", "--max-duration", "--prep-opts", "--wait-timeout",
            "--decode-dir", "--decode-batch-size", "--preflight", "--comm-profile", "--socket-ifname",
-           "--metrics-port", "--grad-checkpoint", "--oom-probe", "--memory-limit-gib")
+           "--metrics-port", "--grad-checkpoint", "--oom-probe", "--memory-limit-gib",
+           "--max-bad-steps")
 # Node options must come from the flags in these tests, not from the CI machine's environment.
 CLEAN_ENV = {k: v for k, v in os.environ.items()
              if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("SLURM_")}
