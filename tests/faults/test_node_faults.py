@@ -1,0 +1,82 @@
+"""Faults of the training nodes: run.sh stopped by a signal while it trains, and a whole node's process
+group killed with SIGKILL in a two-node run (two run.sh processes over 127.0.0.1)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.faults.procs import log_has, processes_with, start_run_sh, wait_for
+from tests.test_run_sh import run_sh
+from tests.train_fixtures import FAST, free_port
+
+pytestmark = pytest.mark.fault_slow
+EPOCHS = ["++train_conf.max_epoch=3", *FAST]
+
+
+def stage2(prepared: Path, exp: str, port: int, *more: str) -> list[str]:
+    return ["--stage", "2", "--stop-stage", "2", "--data-dir", str(prepared / "data"), "--dump-dir",
+            str(prepared / "dump"), "--exp-dir", str(prepared / exp), "--master-port", str(port), *more]
+
+
+def epoch_1_started(exp: Path) -> bool:
+    """Epoch 0's checkpoint is written and epoch 1 has logged a step: there is something to resume from."""
+    return (exp / "model.pt.ep1").exists() and log_has(exp / "train.log", r"epoch: 1/\d+, .*total step")
+
+
+def steps(log: Path) -> list[int]:
+    return [int(s) for s in re.findall(r"train, rank: 0, .*?total step: (\d+)", log.read_text())]
+
+
+@pytest.mark.fault("SIGTERM to run.sh (only its own pid) while it trains, then a rerun")
+def test_sigterm_to_run_sh_stops_its_ranks_and_a_rerun_resumes(prepared: Path, lost) -> None:
+    exp = prepared / "exp_sigterm"
+    port = free_port()
+    args = stage2(prepared, "exp_sigterm", port, "--", *EPOCHS)
+    run = start_run_sh(*args, stderr=prepared / "sigterm.err")
+    wait_for(lambda: epoch_1_started(exp), "epoch 1 to start", run, timeout=600)
+    os.kill(run.pid, signal.SIGTERM)
+    assert run.wait(timeout=120) == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM" in (prepared / "sigterm.err").read_text()
+    wait_for(lambda: not processes_with("local.train", str(exp)), "the ranks to stop", timeout=30)
+    assert not (exp / ".train.done").exists()
+    before = steps(exp / "train.log")
+    res = run_sh(*args, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Checkpoint loaded successfully" in res.stderr
+    lost(f"the steps since epoch 1's checkpoint: the run had reached step {max(before)}, resumed from the "
+         "end of epoch 1 and finished")
+
+
+@pytest.mark.fault("kill -9 of node 1's whole process group in a 2-node training, then a rerun")
+def test_a_killed_node_takes_its_ranks_down_and_the_survivor_names_it(prepared: Path, lost) -> None:
+    exp = prepared / "exp_lost_node"
+    port = free_port()
+    nodes = ["--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1"]
+    runs = [start_run_sh(*stage2(prepared, "exp_lost_node", port, *nodes, "--node-rank", str(n), "--",
+                                 *EPOCHS), stderr=prepared / f"lost_node{n}.err") for n in (0, 1)]
+    wait_for(lambda: epoch_1_started(exp), "epoch 1 to start", runs[0], timeout=600)
+    assert processes_with("local.train", str(exp), env_has="NODE_RANK=1"), "node 1 has no rank training"
+    killed = time.monotonic()
+    os.killpg(runs[1].pid, signal.SIGKILL)
+    runs[1].wait()
+    # torchrun started node 1's rank in a session of its own: only dying with its parent stops it.
+    wait_for(lambda: not processes_with("local.train", str(exp), env_has="NODE_RANK=1"),
+             "node 1's rank to die with its node", timeout=30)
+    assert runs[0].wait(timeout=300) == 1
+    took = time.monotonic() - killed
+    err = (prepared / "lost_node0.err").read_text()
+    assert re.search(r"node 1 \(\S+\) was lost: its heartbeat", err), err[-3000:]
+    assert not (exp / ".train.done").exists()
+    wait_for(lambda: not processes_with("local.train", str(exp)), "node 0's rank to stop", timeout=60)
+    reruns = [start_run_sh(*stage2(prepared, "exp_lost_node", port, *nodes, "--node-rank", str(n), "--",
+                                   *EPOCHS), stderr=prepared / f"lost_rerun{n}.err") for n in (0, 1)]
+    assert [r.wait(timeout=900) for r in reruns] == [0, 0], (prepared / "lost_rerun0.err").read_text()[-3000:]
+    assert (exp / ".train.done").exists()
+    lost(f"the steps since epoch 1's checkpoint; node 0 stopped {took:.0f} s after the kill naming node 1 as "
+         "lost, and the rerun on both nodes resumed and finished")
