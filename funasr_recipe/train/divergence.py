@@ -58,6 +58,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 
+from funasr_recipe.train.trainer_patch import wrap_method
+
 if TYPE_CHECKING:
     from funasr.train_utils.trainer_ds import Trainer
 
@@ -277,17 +279,7 @@ def install(max_bad_steps: int) -> Guard:
     trainer_ds.math = _SaturatingMath()
     Trainer = trainer_ds.Trainer
 
-    def wrap(name):
-        original = getattr(Trainer, name)
-
-        def decorate(hook):
-            @functools.wraps(original)
-            def method(self, *args, **kwargs):
-                return hook(original, self, *args, **kwargs)
-
-            setattr(Trainer, name, method)
-            return hook
-        return decorate
+    wrap = functools.partial(wrap_method, Trainer)
 
     @wrap("warp_optim_scheduler")  # warp_model is not reached under DDP on CPU (funasr_cpu_patch)
     def _(original, self, model, **kwargs):

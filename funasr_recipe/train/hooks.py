@@ -36,6 +36,7 @@ from funasr_recipe.train import divergence
 from funasr_recipe.train.collectives import CollectiveTimer
 from funasr_recipe.train.memory import GIB, advice, default_limit, largest_batches, model_states, probe
 from funasr_recipe.train.metrics import Exporter, StepMeter, alerts, log_line
+from funasr_recipe.train.trainer_patch import wrap_method
 
 log = logging.getLogger(__name__)
 MEMORY_TARGET = 0.85  # the cluster guides' ceiling: above it fragmentation and a longer batch later fail
@@ -228,17 +229,7 @@ def install(opts: HookOptions) -> None:
     _state = state
     state.timer.install()
 
-    def wrap(name):
-        original = getattr(Trainer, name)
-
-        def decorate(hook):
-            @functools.wraps(original)
-            def method(self, *args, **kwargs):
-                return hook(original, self, *args, **kwargs)
-
-            setattr(Trainer, name, method)
-            return hook
-        return decorate
+    wrap = functools.partial(wrap_method, Trainer)
 
     @wrap("warp_model")
     def _(original, self, model, **kwargs):
