@@ -94,7 +94,10 @@ def test_rank_killed_mid_epoch_resumes_to_the_same_number_of_steps(prepared: Pat
         time.sleep(0.5)
     torchrun = subprocess.run(["pgrep", "-f", f"torchrun.*{prepared / 'exp_kill'}"], capture_output=True,
                               text=True).stdout.split()
-    ranks = subprocess.run(["pgrep", "-P", torchrun[0]], capture_output=True, text=True).stdout.split()
+    # Its children that are ranks: run.sh's tee of the log is torchrun's child too (the process
+    # substitution is made before the exec).
+    ranks = subprocess.run(["pgrep", "-P", torchrun[0], "-f", "local.train"], capture_output=True,
+                           text=True).stdout.split()
     assert len(ranks) == 2, ranks
     os.kill(int(ranks[-1]), signal.SIGKILL)
     run.wait(timeout=300)
