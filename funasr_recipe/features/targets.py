@@ -140,14 +140,18 @@ def reject_impossible_targets(plan: SetPlan, ctc: CtcFrames, encode: Callable[[s
     data = plan.out / "data.jsonl"
     count = lru_cache(maxsize=1 << 14)(lambda text: tuple(encode(text)))  # speed copies share a target
     bad: dict[str, tuple[int, int, str]] = {}  # key -> (line of the dump's data.jsonl, frames, detail)
+    checked = 0
     with open(data, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
+            checked = lineno
             obj = json.loads(line)
             if (detail := ctc.problem(count(obj["target"]), obj["source_len"])) is not None:
                 bad[obj["key"]] = (lineno, obj["source_len"], detail)
                 if strict:
                     break
     if not bad:
+        log.info("%s: all %d targets fit their audio for CTC (output frames: LFR n=%d, then encoder input "
+                 "layer %s)", plan.out, checked, ctc.lfr_n, ctc.input_layer)
         return 0
     origins = key_origins(plan, set(bad))
     rejections = [Rejection(str(plan.jsonl), origins[key][0][0], key, REASON, detail) if origins.get(key)
