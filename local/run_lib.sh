@@ -65,13 +65,15 @@ copy_kaldi_dir() {  # src dst: the Kaldi tables of src into dst, rewriting only 
 }
 
 # --- processes and launches -------------------------------------------------------------------------
-trap_signals() {  # [command]: on INT/TERM/HUP run the command, then exit 128+signal. Without a trap, a
-  # Ctrl-C that hits a Python child (which exits 1 from KeyboardInterrupt instead of dying of the signal)
-  # reads to bash as that command failing: an `if is_done` check then just takes the other branch.
+trap_signals() {  # [command]: on INT/TERM/HUP run the command, stop run.sh's other children (a stage's
+  # processes), then exit 128+signal. Without a trap, a Ctrl-C that hits a Python child (which exits 1
+  # from KeyboardInterrupt instead of dying of the signal) reads to bash as that command failing: an
+  # `if is_done` check then just takes the other branch.
   local sig
   for sig in INT TERM HUP; do
     # shellcheck disable=SC2064  # expanded now: the command and the signal
-    trap "${1:+$1; }log 'ERROR: stopped by SIG${sig}; a rerun continues from the last finished work'; exit $((128 + $(kill -l "${sig}")))" "${sig}"
+    trap "${1:+$1; }pkill -TERM -P $$ 2>/dev/null || true
+      log 'ERROR: stopped by SIG${sig}; a rerun continues from the last finished work'; exit $((128 + $(kill -l "${sig}")))" "${sig}"
   done
 }
 run_node_procs() {  # n node_rank log_prefix command...: n processes of this node, RANK = node_rank * n + i
