@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.procs import processes_with, start_run_sh, wait_for
+from tests.faults.procs import start_run_sh, wait_for
 from tests.test_run_sh import run_sh
 from tests.train_data import make_digit_subset
 
@@ -84,26 +84,6 @@ def test_kill_9_in_stage_1_then_rerun_is_byte_identical(reference: Path, tmp_pat
     assert same_outputs(reference, tmp_path, "dump") == []
     lost(f"the unfinished shards only: {done_before} finished shards were kept; the rerun's dump/ is "
          "byte-identical to an uninterrupted run's")
-
-
-@pytest.mark.fault_slow
-@pytest.mark.fault("SIGTERM to run.sh alone (not its group) in stage 1, then a rerun")
-def test_sigterm_to_run_sh_in_stage_1_stops_its_workers(reference: Path, tmp_path: Path, lost) -> None:
-    shutil.copytree(reference / "kaldi", tmp_path / "kaldi")
-    assert run_sh("--stage", "0", "--stop-stage", "0", *digit_args(tmp_path)).returncode == 0
-    args = ("--stage", "1", "--stop-stage", "1", *digit_args(tmp_path, "--shard-size", "20"))
-    run = start_run_sh(*args, stderr=tmp_path / "err")
-    shards = tmp_path / "dump" / "train" / "shards"
-    wait_for(lambda: shards.is_dir() and len(list(shards.glob("*.done"))) >= 1, "a finished shard", run)
-    os.kill(run.pid, signal.SIGTERM)
-    assert run.wait(timeout=60) == 128 + signal.SIGTERM
-    wait_for(lambda: not processes_with("local.compute_fbank", str(tmp_path / "dump")),
-             "the stage's processes to stop", timeout=20)
-    res = run_sh(*args)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert same_outputs(reference, tmp_path, "dump") == []
-    lost("the unfinished shards only; no feature process left running, and the rerun's dump/ is "
-         "byte-identical")
 
 
 @pytest.mark.fault("filesystem full during stage 1, then a rerun once there is room")
