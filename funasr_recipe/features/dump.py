@@ -283,7 +283,8 @@ def merge_set(plan: SetPlan, conf: FbankConf, world_size: int, timeout: float) -
                     text = f.read()
                 outs[name].write(text)
                 if name == "feats.scp":
-                    hashes.extend(hash(line.split(" ", 1)[0]) for line in text.splitlines())
+                    # "\n" only: str.splitlines would also cut a key holding U+2028 into pieces.
+                    hashes.extend(hash(line.split(" ", 1)[0]) for line in text.split("\n") if line)
     finally:
         for f in outs.values():
             f.close()

@@ -75,7 +75,7 @@ def _rows(path: Path) -> Iterator[tuple[str, dict]]:
     index reads a list file when the path ends in neither .jsonl nor .json)."""
     files = [path]
     if not path.name.endswith((".jsonl", ".json")):
-        files = [Path(line.strip()) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        files = [Path(line.strip()) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
     for file in files:
         with open(file, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
