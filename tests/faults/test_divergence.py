@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from funasr_recipe.model.checkpoint import deepspeed_safe_globals, safe_load
 from funasr_recipe.reports.curves import parse_log
 from funasr_recipe.train.divergence import (
     FAULT_ENV,
@@ -107,8 +108,8 @@ def test_deepspeed_skips_a_nan_batch_and_a_nan_gradient(prepared: Path, lost) ->
     assert lr[4] == pytest.approx(lr[2] + (lr[2] - lr[1])) and lr[7] == pytest.approx(lr[5] + (lr[2] - lr[1]))
     # DeepSpeed's bookkeeping: the batch skipped before backward is no step at all; the overflow is one
     # step, counted as skipped (10 batches: 9 steps, 1 skipped).
-    states = torch.load(next((prepared / "exp_nan_ds").rglob("mp_rank_00_model_states.pt")),
-                        map_location="cpu", weights_only=False)
+    with torch.serialization.safe_globals(deepspeed_safe_globals()):  # weights only, as stage 3 loads
+        states = safe_load(next((prepared / "exp_nan_ds").rglob("mp_rank_00_model_states.pt")))
     assert (states["global_steps"], states["skipped_steps"]) == (9, 1)
     lost("2 of 10 steps, skipped on both ranks with the batch's keys logged; the run finished, losses finite")
 
