@@ -24,6 +24,7 @@ from pathlib import Path
 from funasr_recipe.core.files import write_atomic
 from funasr_recipe.data.corpus import read_corpus_info
 from funasr_recipe.data.kaldi_table import iter_table
+from funasr_recipe.features.audio import is_pipe
 
 LISTING = ".sources.tsv"
 SHOWN = 5  # changed files named in the log; the count says how many there are
@@ -63,7 +64,7 @@ def scan(data_dir: Path) -> tuple[list[str], dict[str, tuple[int, int]], int]:
         if not wav_scp.is_file():
             continue
         for rec in iter_table(wav_scp):
-            if rec.value.rstrip().endswith("|"):
+            if is_pipe(rec.value):
                 pipes += 1
                 continue
             path = os.path.realpath(rec.value) if rec.value else ""
