@@ -60,13 +60,13 @@ def stages01(work: Path, corpus: str) -> tuple[Path, Path]:
 def loader(jsonl: Path, dataset: str, dump: Path, workers: int, batch_size: int):
     from funasr.datasets.dataloader_entry import DataloaderMapStyle
     from funasr.frontends.wav_frontend import WavFrontend
-    from funasr.tokenizer.sentencepiece_tokenizer import SentencepiecesTokenizer
 
     import funasr_recipe.data.feats_dataset  # noqa: F401  (registers the Fbank* datasets)
+    from funasr_recipe.model.sensevoice_tokenizer import SenseVoiceTagTokenizer
 
     fe = WavFrontend(cmvn_file=str(dump / "am.mvn"), n_mels=80, frame_length=25, frame_shift=10, lfr_m=7,
                      lfr_n=6, dither=0.0)
-    tok = SentencepiecesTokenizer(bpemodel=str(dump.parent / "tok" / "chn_jpn_yue_eng_ko_spectok.bpe.model"))
+    tok = SenseVoiceTagTokenizer(bpemodel=str(dump.parent / "tok" / "chn_jpn_yue_eng_ko_spectok.bpe.model"))
     conf = {"index_ds": "IndexDSJsonl", "batch_sampler": "BatchSampler", "batch_type": "token",
             "batch_size": batch_size, "shuffle": True, "num_workers": workers, "data_split_num": 1}
     return DataloaderMapStyle(frontend=fe, tokenizer=tok, dataset=dataset, train_data_set_list=str(jsonl),

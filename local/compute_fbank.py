@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> None:
     else:
         from funasr_recipe.model.tokenizer import build_tokenizer  # sentencepiece is only needed here
 
-        built = build_tokenizer(args.data_dir / args.train_set / "data.jsonl", args.tokenizer_dir, **spec)
+        built = build_tokenizer(args.data_dir / args.train_set / "data.jsonl", args.tokenizer_dir, **spec,
+                                tokenizer=cfg.get("tokenizer"))
         log.info("tokenizer for %s: %s", args.config, built)
     check_targets(args, cfg, conf, plans, built)
 
@@ -86,6 +87,8 @@ def check_targets(args: argparse.Namespace, cfg: DictConfig, conf: FbankConf, pl
     if ctc is None:
         log.info("target-length check skipped: %s computes no CTC loss", model_cfg.get("model"))
         return
+    import funasr_recipe.model.sensevoice_tokenizer  # noqa: F401  (a from-scratch SenseVoice's tokenizer class)
+
     try:
         tokenizer = load_tokenizer(model_cfg)
     except Exception as e:  # the config's own problem, which stage 2 reports; the check only needs it

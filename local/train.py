@@ -24,7 +24,7 @@ from pathlib import Path
 from funasr_recipe.core.cli import run_main, split_overrides, str2bool
 from funasr_recipe.core.lifetime import die_with_parent
 from funasr_recipe.core.log import setup_logging
-from funasr_recipe.model.trainer import TrainSetup, hydra_argv, run_trainer
+from funasr_recipe.model.trainer import TrainSetup, hydra_argv, register_recipe_classes, run_trainer
 from funasr_recipe.train import checkpoint_io, lr_schedule, skipped
 from funasr_recipe.train.hooks import HookOptions, install
 
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     setup_logging()  # node and rank on the lines logged before Hydra configures logging
     lr_schedule.register()
+    register_recipe_classes()  # the skipped-utterance check builds the config's tokenizer class
     install(hooks)
     checkpoint_io.install()
     # Before training: every utterance funasr's filters would drop, listed in <exp-dir>/train_skipped.tsv.

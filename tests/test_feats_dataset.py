@@ -14,14 +14,15 @@ import pytest
 import torch
 from funasr.datasets.dataloader_entry import DataloaderMapStyle
 from funasr.models.sense_voice.model import SenseVoiceSmall
-from funasr.tokenizer.sentencepiece_tokenizer import SentencepiecesTokenizer
 
 import funasr_recipe.data.feats_dataset  # noqa: F401  (registers the Fbank* datasets with funasr)
+from funasr_recipe.model.sensevoice_tokenizer import SenseVoiceTagTokenizer
 from tests.stage1_data import frontend, jsonl
 
 
 def loaders(train: Path, valid: Path, dataset: str, dumped: Path) -> DataloaderMapStyle:
-    tok = SentencepiecesTokenizer(bpemodel=str(dumped / "tok" / "chn_jpn_yue_eng_ko_spectok.bpe.model"))
+    # The class conf/tiny_sensevoice.yaml names: each tag one id, the text with its "▁".
+    tok = SenseVoiceTagTokenizer(bpemodel=str(dumped / "tok" / "chn_jpn_yue_eng_ko_spectok.bpe.model"))
     conf = {"index_ds": "IndexDSJsonl", "batch_sampler": "BatchSampler", "batch_type": "token",
             "batch_size": 2000, "shuffle": False, "num_workers": 0, "data_split_num": 1}
     return DataloaderMapStyle(frontend=frontend(dumped / "train" / "am.mvn"), tokenizer=tok, dataset=dataset,

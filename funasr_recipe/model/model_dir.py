@@ -8,7 +8,7 @@ writes <out>/{model.pt (fp32 state dict), config.yaml (file names relative to <o
        iic/SenseVoiceSmall, so that funasr's AutoModel, funasr's trainer (fine-tuning with
        ``--pretrained-dir <out>``) and the next stages take it like a downloaded model.
 ``load_automodel`` is the one way the stages open a model dir in PyTorch (funasr's AutoModel, offline,
-with the recipe's model classes registered and dither off).
+with the recipe's model and tokenizer classes registered and dither off).
 
   make_model_dir(Path("exp/tiny_sensevoice"), "model.pt.best", Path("exp/tiny_sensevoice/best_model"))
   model = load_automodel(Path("exp/tiny_sensevoice/final"), device="cpu", threads=2)
@@ -86,11 +86,12 @@ def model_label(model_dir: Path, tag: str, pretrained: bool = False) -> str:
 
 
 def load_automodel(model_dir: Path, device: str = "cpu", threads: int | None = None) -> Any:
-    """funasr's AutoModel on a local model dir (no hub), with the recipe's model classes registered and the
-    frontend's dither off."""
+    """funasr's AutoModel on a local model dir (no hub), with the recipe's model and tokenizer classes
+    registered and the frontend's dither off."""
     from funasr import AutoModel
 
     import funasr_recipe.model.conformer_ctc  # noqa: F401  (registers ConformerCTC)
+    import funasr_recipe.model.sensevoice_tokenizer  # noqa: F401  (registers SenseVoiceTagTokenizer)
 
     # ncpu: AutoModel otherwise sets 4 torch threads (torch.set_num_threads), whatever the launcher chose.
     model = AutoModel(model=str(model_dir), device=device, disable_update=True, disable_pbar=True,

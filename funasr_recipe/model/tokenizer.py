@@ -13,6 +13,10 @@ Kinds:
                              SenseVoiceSmall, which hard-codes token ids of the released tokenizer:
                              learned pieces first, the tags of data/tags.py at fixed ids
                              from 24884, unused filler pieces in between, 25055 pieces in all.
+                             Trained with the dummy prefix (every word-initial piece is "▁X") and
+                             encoded through SenseVoiceTagTokenizer (model/sensevoice_tokenizer.py),
+                             which keeps each tag one token; check_tags verifies that with the class
+                             the config names.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ log = logging.getLogger(__name__)
 PLAIN_KINDS = ("bpe", "unigram", "char", "word")
 KINDS = (*PLAIN_KINDS, "sensevoice")
 SENSEVOICE_VOCAB_SIZE = 25055
+# The funasr tokenizer class (its registered name) that encodes the sensevoice kind:
+# model/sensevoice_tokenizer.py.
+SENSEVOICE_TOKENIZER = "SenseVoiceTagTokenizer"
 FIRST_TAG_ID = 24884  # learned pieces must all sit below the first tag
 
 # The file names the runtimes look for: funasr-onnx's SenseVoiceSmall loads the sensevoice one from
@@ -126,7 +133,8 @@ def _add_sensevoice_tags(model: bytes) -> bytes:
     if learned > FIRST_TAG_ID:
         raise ValueError(f"{learned} learned pieces do not fit below the first SenseVoice tag id "
                          f"{FIRST_TAG_ID}; lower --vocab-size")
-    clash = {p.piece for p in proto.pieces} & set(SENSEVOICE_TAG_IDS)
+    # "▁<|en|>": a tag learned word-initially, as the dummy prefix has it.
+    clash = {p.piece.removeprefix("▁") for p in proto.pieces} & set(SENSEVOICE_TAG_IDS)
     if clash:
         raise ValueError(f"transcripts contain tag strings {sorted(clash)} often enough to be learned "
                          "as pieces; tags belong in the tag fields of the JSONL, not in 'target'")
@@ -153,11 +161,14 @@ def _report_round_trip(sp: spm.SentencePieceProcessor, texts: list[str]) -> None
                     sp.decode(sp.encode(bad[0])))
 
 
-def build_tokenizer(jsonl: Path, out_dir: Path, kind: str, vocab_size: int, sp_type: str = "bpe") -> Path:
+def build_tokenizer(jsonl: Path, out_dir: Path, kind: str, vocab_size: int, sp_type: str = "bpe",
+                    tokenizer: str | None = None) -> Path:
     """Train the tokenizer of `kind` on the targets of `jsonl`, write it into `out_dir`, return its path.
 
     `sp_type` is the sentencepiece model type under the tags of the ``sensevoice`` kind; the plain
-    kinds are their own model type and ignore it.
+    kinds are their own model type and ignore it. `tokenizer`: the funasr tokenizer class that training
+    will encode with (the config's ``tokenizer``); the ``sensevoice`` kind's tags are checked through it
+    (default SENSEVOICE_TOKENIZER).
     """
     jsonl, out_dir = Path(jsonl), Path(out_dir)
     model_path = out_dir / model_file_name(kind)
@@ -171,10 +182,12 @@ def build_tokenizer(jsonl: Path, out_dir: Path, kind: str, vocab_size: int, sp_t
         if vocab_size > FIRST_TAG_ID:
             raise ValueError(f"--vocab-size {vocab_size}: SenseVoice's learned pieces must fit below "
                              f"{FIRST_TAG_ID}, the first tag id")
-        # Released layout: <unk> 0 (SenseVoiceSmall's CTC blank), <s> 1, </s> 2. No dummy prefix, so
-        # that a tag encoded on its own (as SenseVoiceCTCDataset does) is exactly one token.
+        # Released layout: <unk> 0 (SenseVoiceSmall's CTC blank), <s> 1, </s> 2. The dummy prefix gives
+        # the first word of a line its "▁" as every other word has: without it the vocabulary held
+        # "ZERO" and "▁ZERO" and CTC output lost word boundaries. It would make a tag encoded on its
+        # own ("▁", "<|en|>") two tokens; SENSEVOICE_TOKENIZER encodes tags apart from the text.
         model = _train(texts, sp_type, vocab_size, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-                       add_dummy_prefix=False)
+                       add_dummy_prefix=True)
     else:
         sp_type = kind
         model = _train(texts, kind, vocab_size, pad_id=0, pad_piece="<blank>", bos_id=1, eos_id=2,
@@ -194,27 +207,41 @@ def build_tokenizer(jsonl: Path, out_dir: Path, kind: str, vocab_size: int, sp_t
     }
     if kind == "sensevoice":
         info["tag_ids"] = SENSEVOICE_TAG_IDS
+        info["tokenizer_class"] = tokenizer or SENSEVOICE_TOKENIZER
     # Atomically: a reader on another node (shared filesystem) sees the old file or the new one.
     write_atomic(model_path, model)
     write_atomic(out_dir / "tokens.json", json.dumps(pieces, ensure_ascii=False, indent=0))
     write_atomic(out_dir / "tokenizer.json", json.dumps(info, ensure_ascii=False, indent=2))
     if kind == "sensevoice":
-        check_tags(model_path)
+        check_tags(model_path, tokenizer or SENSEVOICE_TOKENIZER)
     log.info("%s tokenizer (%s): %d pieces learned from %d transcripts (asked for %d), %d in all -> %s",
              kind, sp_type, learned, len(texts), vocab_size, len(pieces), model_path)
     return model_path
 
 
-def check_tags(model_path: Path) -> None:
+def check_tags(model_path: Path, tokenizer: str = SENSEVOICE_TOKENIZER) -> None:
     """Raise ValueError naming the first SenseVoice tag that is not exactly one token at its id.
 
-    Encodes with EncodeAsIds, the call funasr's SentencepiecesTokenizer.encode makes.
+    Encodes as SenseVoiceCTCDataset does, one tag at a time, through `tokenizer`: the funasr tokenizer
+    class (registered name) that training uses, built on `model_path`.
     """
+    from funasr.register import tables
+
+    import funasr_recipe.model.sensevoice_tokenizer  # noqa: F401  (registers SENSEVOICE_TOKENIZER)
+
     sp = spm.SentencePieceProcessor(model_file=str(model_path))
     if sp.get_piece_size() != SENSEVOICE_VOCAB_SIZE:
         raise ValueError(f"{model_path}: {sp.get_piece_size()} pieces; SenseVoiceSmall needs "
                          f"{SENSEVOICE_VOCAB_SIZE}")
+    cls = tables.tokenizer_classes.get(tokenizer)
+    if cls is None:
+        raise ValueError(f"tokenizer {tokenizer!r} is not registered with funasr; a from-scratch SenseVoice "
+                         f"names {SENSEVOICE_TOKENIZER}")
+    tok = cls(bpemodel=str(model_path))
     for tag, want in SENSEVOICE_TAG_IDS.items():
-        got = sp.EncodeAsIds(tag)
+        got = tok.encode(tag, allowed_special="all")
         if got != [want]:
-            raise ValueError(f"{model_path}: tag {tag} encodes to {got}, SenseVoiceSmall needs [{want}]")
+            hint = "" if tokenizer == SENSEVOICE_TOKENIZER else (
+                f"; this tokenizer needs `tokenizer: {SENSEVOICE_TOKENIZER}` in the config")
+            raise ValueError(f"{model_path}: tag {tag} encodes to {got} with {tokenizer}, SenseVoiceSmall "
+                             f"needs [{want}]{hint}")
