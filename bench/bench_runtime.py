@@ -5,9 +5,9 @@ they are.
 Reads <exp-dir>/export/ and <exp-dir>/final/ (stages 3-4: ./run.sh --stop-stage 4 --config
 conf/tiny_sensevoice.yaml writes both for the demo) and a test set's data.jsonl; prints the table
 (PyTorch eager through funasr's AutoModel.generate, funasr-onnx fp32/int8, the recipe's ONNX runtime
-fp32/int8; p50/p95 latency per batch, utterances/s and RTF at batch 1, 8 and 32, end to end from
-audio file to text) and the two target ratios, all measured in this one run; --out-json keeps the
-report.
+fp32/int8, sherpa-onnx fp32/int8 for SenseVoiceSmall; p50/p95 latency per batch, utterances/s and RTF
+at batch 1, 8 and 32, end to end from audio file to text) and the two target ratios, all measured in
+this one run; --out-json keeps the report.
 
   python -m bench.bench_runtime [--exp-dir exp/tiny_sensevoice] [--data-jsonl data/dev/data.jsonl] \\
       [--max-utts 200] [--repeats 2] [--threads N] [--out-json exp/bench_runtime.json]

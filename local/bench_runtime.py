@@ -1,8 +1,9 @@
 """Stage 5: latency, throughput and RTF of each runtime on a test set (funasr_recipe/runtime/benchmark.py
 says what is measured and how).
 
-Reads  <exp-dir>/export/ (stage 4), <exp-dir>/final/ (the PyTorch model dir; --model-dir for another)
-       and <data-jsonl>, stage 0's manifest of a test set (its audio files are the input);
+Reads  <exp-dir>/export/ (stage 4; with its tokens.txt and ONNX metadata for the sherpa-onnx rows),
+       <exp-dir>/final/ (the PyTorch model dir; --model-dir for another) and <data-jsonl>, stage 0's
+       manifest of a test set (its audio files are the input);
 writes <exp-dir>/benchmark.json  every row, the target ratios, the machine, load and versions
        <exp-dir>/benchmark.md    the same as the table a deployment engineer compares runtimes with
        <exp-dir>/.benchmark.done the marker of a finished run (a rerun with the same inputs skips)
@@ -44,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
         devices.append("cuda")
     inputs = [export_dir / "model.onnx", export_dir / "model_quant.onnx", model_dir / "model.pt",
               args.data_jsonl]
-    fp = fingerprint(args.max_utts, args.threads, args.batch_sizes, args.repeats, devices, files=inputs)
+    # tokens.txt by content, absent or not: the sherpa-onnx rows read it (stage 4 writes it for SenseVoice).
+    fp = fingerprint(args.max_utts, args.threads, args.batch_sizes, args.repeats, devices, files=inputs,
+                     contents=[export_dir / "tokens.txt"])
     done = args.exp_dir / ".benchmark.done"
     if is_done(done, fp) and (args.exp_dir / "benchmark.json").is_file():
         log.info("%s: benchmark is done for these inputs; skipping", args.exp_dir / "benchmark.md")
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                           "load_before": [round(x, 2) for x in load_before],
                           "load_after": [round(x, 2) for x in os.getloadavg()],
                           "gpu": torch.cuda.get_device_name(0) if "cuda" in devices else None},
-              "versions": versions("torch", "funasr", "onnxruntime", "funasr-onnx"), **report}
+              "versions": versions("torch", "funasr", "onnxruntime", "funasr-onnx", "sherpa-onnx"), **report}
     (args.exp_dir / "benchmark.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     text = markdown(report)
     (args.exp_dir / "benchmark.md").write_text(text, encoding="utf-8")

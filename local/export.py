@@ -4,13 +4,15 @@ PyTorch on real audio.
 Reads  <model-dir> in the hub's layout (stage 3's exp/<tag>/final/) and <data-jsonl>, stage 0's manifest
        of a set (key, source, target, text_language);
 writes <out>/{model.onnx, model_quant.onnx, config.yaml, am.mvn, tokens.json, the tokenizer,
-       export.json} (funasr_recipe/runtime/export.py), <out>/parity.json (PyTorch vs ONNX fp32 vs int8
-       on the set: funasr_recipe/runtime/parity.py, plus funasr-onnx loading the dir) and <out>/.done,
-       the marker of a passed run.
+       export.json} (funasr_recipe/runtime/export.py), for SenseVoiceSmall sherpa-onnx's metadata in both
+       ONNX files and <out>/tokens.txt (funasr_recipe/runtime/sherpa_onnx_export.py), <out>/parity.json
+       (PyTorch vs ONNX fp32 vs int8 on the set: funasr_recipe/runtime/parity.py, plus funasr-onnx and
+       sherpa-onnx loading the dir) and <out>/.done, the marker of a passed run.
 
 Exits 0 when parity holds, 1 when it is broken (parity.json lists the failures and mismatches), 2 on
 bad input. A rerun with the same model and set skips the work; --check-only reruns the parity check
-on the ONNX files already in <out>.
+on the ONNX files already in <out> (and adds sherpa-onnx's files to an export made without them). A
+sherpa-onnx failure is recorded in parity.json and logged, not gated: it is a runtime to compare with.
 
   python -m local.export --model-dir exp/tiny_sensevoice/final --out exp/tiny_sensevoice/export \\
       --data-jsonl data/dev/data.jsonl [--max-utts 200] [--threads 2] [--check-only]
@@ -37,6 +39,9 @@ from funasr_recipe.model.model_dir import load_automodel
 from funasr_recipe.runtime.export import export_onnx, family_of, write_export_info, write_runtime_files
 from funasr_recipe.runtime.funasr_onnx_runtime import funasr_onnx_check
 from funasr_recipe.runtime.parity import MAX_INT8_WER_DELTA, MIN_IDENTICAL, check_parity
+from funasr_recipe.runtime.sherpa_onnx_export import FAMILY as SHERPA_FAMILY
+from funasr_recipe.runtime.sherpa_onnx_export import missing_sherpa_files, write_sherpa_files
+from funasr_recipe.runtime.sherpa_onnx_runtime import sherpa_check
 
 log = logging.getLogger(__name__)
 RUNTIME_SMOKE_UTTS = 2  # files funasr-onnx transcribes to show that it loads the export
@@ -62,9 +67,13 @@ def run(args: argparse.Namespace) -> int:
     if args.check_only:
         if not (out / "model.onnx").is_file() or not (out / "model_quant.onnx").is_file():
             raise FileNotFoundError(f"--check-only: no model.onnx and model_quant.onnx in {out}")
+        if family == SHERPA_FAMILY and missing_sherpa_files(out):  # an export from before they were written
+            write_sherpa_files(out)
     else:
         start = time.perf_counter()
         files = export_onnx(automodel, out) + write_runtime_files(model_dir, automodel, out)
+        # Before export.json: the metadata changes the ONNX files' sizes that it records.
+        files += [f for f in write_sherpa_files(out) if f not in files]
         seconds = time.perf_counter() - start
         log.info("%s exported in %.1f s: %s", family, seconds,
                  ", ".join(f"{f.name} ({f.stat().st_size / 2**20:.1f} MiB)" for f in files[:2]))
@@ -72,8 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
     report = check_parity(automodel, out, utts, args.threads, args.min_identical, args.max_int8_wer_delta,
                           desc=f"parity {args.data_jsonl.parent.name}")
-    report["runtime_check"] = funasr_onnx_check(out, family, [u["source"] for u in utts[:RUNTIME_SMOKE_UTTS]],
-                                                args.threads)
+    smoke = [u["source"] for u in utts[:RUNTIME_SMOKE_UTTS]]
+    report["runtime_check"] = funasr_onnx_check(out, family, smoke, args.threads)
+    report["sherpa_onnx_check"] = sherpa = sherpa_check(out, family, smoke, args.threads)
+    if sherpa.get("ok") is False:
+        log.error("sherpa-onnx does not load %s (recorded in parity.json, not gated): %s", out,
+                  sherpa["error"])
     text = json.dumps(report, indent=2, ensure_ascii=False)
     (out / "parity.json").write_text(text + "\n", encoding="utf-8")
     wer = {k: pct(report[k], "n/a") for k in ("wer_torch", "wer_fp32", "wer_int8")}

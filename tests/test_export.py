@@ -36,6 +36,7 @@ from funasr_recipe.runtime.export import legacy_onnx_exporter
 from funasr_recipe.runtime.onnx_asr import OnnxASR
 from funasr_recipe.runtime.onnx_session import greedy_ctc
 from funasr_recipe.runtime.parity import check_parity
+from funasr_recipe.runtime.sherpa_onnx_export import missing_sherpa_files
 from local.export import main
 from tests.make_bad_kaldi_dir import DEFAULT_WAV_DIR
 from tests.test_configs import TINY
@@ -136,6 +137,14 @@ def test_export_dir_loads_and_matches_pytorch(exported: tuple[str, Path, Path, i
         assert smoke["runtime"] == f"funasr_onnx.{family}"
         assert len(smoke["fp32"]) == len(smoke["int8"]) == 2
         assert all(isinstance(t, str) for t in smoke["fp32"])
+    # sherpa-onnx's files (runtime/sherpa_onnx_export.py), SenseVoiceSmall only; its loader ran in a child.
+    sherpa = report["sherpa_onnx_check"]
+    if family == "SenseVoiceSmall":
+        assert missing_sherpa_files(out) == []
+        assert "tokens.txt" in json.loads((out / "export.json").read_text())["files"]
+        assert sherpa["ok"] is True and len(sherpa["fp32"]) == len(sherpa["int8"]) == 2
+    else:
+        assert sherpa["runtime"] is None and not (out / "tokens.txt").exists()
 
 
 def _sources(data_jsonl: Path, n: int) -> list[str]:
@@ -227,6 +236,25 @@ def test_rerun_skips_finished_export(exported: tuple[str, Path, Path, int], data
     assert main(["--model-dir", str(model_dir), "--out", str(out), "--data-jsonl", str(data_jsonl),
                  *UNGATED_INT8]) == 0
     assert (out / "model.onnx").stat().st_mtime_ns == before
+
+
+def test_check_only_adds_sherpa_files_to_an_old_export(exported: tuple[str, Path, Path, int],
+                                                       data_jsonl: Path, tmp_path: Path) -> None:
+    """An export made before stage 4 wrote sherpa-onnx's files gets them from --check-only."""
+    family, model_dir, out, _ = exported
+    if family != "SenseVoiceSmall":
+        pytest.skip("sherpa-onnx's files are written for SenseVoiceSmall only")
+    old = Path(shutil.copytree(out, tmp_path / "export"))
+    (old / "tokens.txt").unlink()
+    for name in ("model.onnx", "model_quant.onnx"):
+        model = onnx.load(str(old / name))
+        del model.metadata_props[:]
+        onnx.save(model, str(old / name))
+    assert "model.onnx:vocab_size" in missing_sherpa_files(old)
+    assert main(["--model-dir", str(model_dir), "--out", str(old), "--data-jsonl", str(data_jsonl),
+                 "--check-only", *UNGATED_INT8]) == 0
+    assert missing_sherpa_files(old) == []
+    assert json.loads((old / "parity.json").read_text())["sherpa_onnx_check"]["ok"] is True
 
 
 def _break_output_layer(path: Path) -> None:

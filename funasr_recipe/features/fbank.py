@@ -97,6 +97,23 @@ def resample(wave: torch.Tensor, rate: int, target: int, speed: float = 1.0) -> 
     return x if speed == 1.0 else change_rate(x, round(target * speed), target)
 
 
+def to_mono(wave: np.ndarray) -> np.ndarray:
+    """(samples,) or (samples, channels) float audio -> (samples,) float32, channels averaged."""
+    if wave.ndim == 2:
+        wave = wave.mean(axis=1) if wave.shape[1] > 1 else wave[:, 0]
+    return np.ascontiguousarray(wave, dtype=np.float32)
+
+
+def mono_at_rate(wave: np.ndarray, rate: int, fs: int) -> np.ndarray:
+    """Audio as read (any channels, ``rate`` Hz) -> mono float32 at ``fs`` with the training resampler:
+    what a runtime that is handed arrays (the server, sherpa-onnx) must be given to see stage 1's audio."""
+    mono = to_mono(wave)
+    if rate == fs:
+        return mono
+    with torch.no_grad():
+        return resample(torch.from_numpy(mono)[None], rate, fs)[0].numpy()
+
+
 @lru_cache(maxsize=64)
 def _kernel(window_size: int, n_mels: int, fs: int, window: str) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Window function, mel matrix (bins, fft/2+1) and FFT size of ``kaldi.fbank``, built once."""
@@ -152,10 +169,7 @@ class FbankExtractor:
 
     def from_wave(self, wave: np.ndarray, rate: int, speed: float = 1.0) -> np.ndarray:
         """(frames, n_mels) float32 from (samples,) or (samples, channels) float audio in [-1, 1]."""
-        if wave.ndim == 2:
-            wave = wave.mean(axis=1) if wave.shape[1] > 1 else wave[:, 0]
-        x = torch.from_numpy(np.ascontiguousarray(wave, dtype=np.float32))[None]
-        x = resample(x, rate, self.conf.fs, speed)
+        x = resample(torch.from_numpy(to_mono(wave))[None], rate, self.conf.fs, speed)
         # WavFrontend scales to the int16 range and shortens the window for clips under 25 ms.
         x = x * (1 << 15)
         frame_length = min(self.conf.frame_length, x.shape[1] / self.conf.fs * 1000)

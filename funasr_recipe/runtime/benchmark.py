@@ -6,6 +6,8 @@ Rows, in batches of 1, 8 and 32 by default:
   funasr_onnx      funasr-onnx's class for the family, fp32 and int8 (none for ConformerCTC: funasr-onnx
                    has no CTC-only class)
   ours             runtime/onnx_asr.py, the recipe's runtime, fp32 and int8
+  sherpa_onnx      sherpa-onnx's SenseVoice recogniser (runtime/sherpa_onnx_runtime.py) on the same ONNX
+                   files with the same threads, fp32 and int8 (SenseVoiceSmall only; CPU only here)
 on CPU, and on CUDA where torch (and, for the ONNX rows, onnxruntime) has it. Each (runtime, batch)
 is warmed up on its first batch, then timed per batch, the runtimes taking turns every 16 utterances
 or 4 batches (so that all of them see the same load on a shared machine): latency p50/p95 is per call
@@ -13,7 +15,8 @@ with one batch (per utterance at batch 1). Throughput and RTF are of calls that 
 set to transcribe in batches of that size (3 rounds, the runtimes taking turns): utterances / seconds and
 seconds / audio seconds; a runtime may overlap its batches (ours computes the next batch's features
 and the last one's texts while onnxruntime runs). Texts are compared with AutoModel's at the same batch:
-"same text" is the fraction identical. Two targets, from this run: ours fp32 >= 2.5x AutoModel's
+"same text" is the fraction identical (sherpa-onnx drops SenseVoice's tags: its texts are compared
+with AutoModel's without them). Two targets, from this run: ours fp32 >= 2.5x AutoModel's
 throughput at batch 1, ours int8 >= 3x at batch 8.
 """
 
@@ -28,9 +31,11 @@ import numpy as np
 
 from funasr_recipe.core.log import Progress
 from funasr_recipe.data.manifest import read_utterances
+from funasr_recipe.data.tags import strip_tags
 from funasr_recipe.features.audio import AudioError, is_pipe, probe_audio
 from funasr_recipe.runtime.funasr_onnx_runtime import load_funasr_onnx, runtime_text
 from funasr_recipe.runtime.onnx_asr import OnnxASR, export_family
+from funasr_recipe.runtime.sherpa_onnx_runtime import SherpaASR
 
 log = logging.getLogger(__name__)
 TARGETS = ({"name": "ours_fp32_vs_pytorch_batch1", "runtime": "ours", "precision": "fp32", "batch": 1,
@@ -38,7 +43,9 @@ TARGETS = ({"name": "ours_fp32_vs_pytorch_batch1", "runtime": "ours", "precision
            {"name": "ours_int8_vs_pytorch_batch8", "runtime": "ours", "precision": "int8", "batch": 8,
             "min_ratio": 3.0})
 LABELS = {"pytorch": "PyTorch eager (funasr AutoModel.generate)",
-          "funasr_onnx": "funasr-onnx", "ours": "recipe ONNX runtime (funasr_recipe.runtime.onnx_asr)"}
+          "funasr_onnx": "funasr-onnx", "ours": "recipe ONNX runtime (funasr_recipe.runtime.onnx_asr)",
+          "sherpa_onnx": "sherpa-onnx (OfflineRecognizer.from_sense_voice)"}
+TAGLESS = {"sherpa_onnx"}  # runtimes whose texts carry no SenseVoice tags
 BLOCK_UTTS = 16
 BLOCK_BATCHES = 4
 SETTLE_S = 0.05
@@ -83,6 +90,22 @@ def ours_runner(export_dir: Path, quantize: bool, device: str, threads: int) -> 
     return run
 
 
+def sherpa_onnx_runner(export_dir: Path, quantize: bool, device: str, threads: int) -> Runner:
+    """sherpa-onnx on the same files. It is handed the paths' audio read and resampled to the model's
+    rate by the recipe (SherpaASR), as the recipe's runtime and AutoModel resample, so that it sees the
+    samples they see: its own resampler is another filter (funasr-onnx's soxr, another again, changes
+    transcripts), and the row would compare resamplers rather than runtimes. That reading and
+    resampling is timed with it, as in ours."""
+    if device != "cpu":
+        raise RuntimeError("sherpa-onnx rows run on CPU only here")
+    runtime = SherpaASR(export_dir, quantize=quantize, threads=threads)  # RuntimeError when it would not load
+
+    def run(paths: list[str], keys: list[str], batch: int) -> list[str]:
+        runtime.batch_size = batch
+        return runtime(paths)
+    return run
+
+
 def runners(export_dir: Path, model_dir: Path, family: str, device: str,
             threads: int) -> tuple[list[tuple[str, str, Runner]], list[str]]:
     """[(runtime, precision, runner)] that load on ``device``, and a note for each that does not."""
@@ -91,6 +114,8 @@ def runners(export_dir: Path, model_dir: Path, family: str, device: str,
         makers.append(("funasr_onnx", precision,
                        lambda q=quantize: funasr_onnx_runner(export_dir, family, q, device, threads)))
         makers.append(("ours", precision, lambda q=quantize: ours_runner(export_dir, q, device, threads)))
+        makers.append(("sherpa_onnx", precision,
+                       lambda q=quantize: sherpa_onnx_runner(export_dir, q, device, threads)))
     out, notes = [], []
     for name, precision, make in makers:
         try:
@@ -196,9 +221,7 @@ def run_benchmark(export_dir: Path, model_dir: Path, utts: list[dict], audio_s: 
                 r = row(name, precision, device, batch, latencies, stream_s, len(utts), audio_s, rounds)
                 if name == "pytorch":
                     reference = texts
-                r["same_text_as_pytorch"] = (None if reference is None else
-                                             round(sum(a == b for a, b in zip(texts, reference, strict=True))
-                                                   / len(texts), 4))
+                r["same_text_as_pytorch"] = same_text(texts, reference, name in TAGLESS)
                 rows.append(r)
                 log.info("%-11s %s %s batch %2d: p50 %.1f ms, p95 %.1f ms, %.1f utt/s, RTF %.4f", name,
                          precision, device, batch, r["latency_ms"]["p50"], r["latency_ms"]["p95"],
@@ -210,6 +233,15 @@ def run_benchmark(export_dir: Path, model_dir: Path, utts: list[dict], audio_s: 
                      and p["batch"] == r["batch"]), None)
         r["speedup_vs_pytorch"] = round(r["utt_per_s"] / base["utt_per_s"], 2) if base else None
     return {"family": family, "rows": rows, "targets": targets(rows), "notes": notes}
+
+
+def same_text(texts: list[str], reference: list[str] | None, tagless: bool) -> float | None:
+    """Fraction of ``texts`` identical to AutoModel's (without their tags for a runtime that drops them)."""
+    if reference is None:
+        return None
+    if tagless:
+        reference = [strip_tags(t) for t in reference]
+    return round(sum(a == b for a, b in zip(texts, reference, strict=True)) / len(texts), 4)
 
 
 def targets(rows: list[dict]) -> list[dict]:
@@ -249,7 +281,9 @@ def markdown(report: dict) -> str:
     for r in report["rows"]:
         same = "n/a" if r["same_text_as_pytorch"] is None else f"{100 * r['same_text_as_pytorch']:.1f}%"
         x = "n/a" if r["speedup_vs_pytorch"] is None else f"{r['speedup_vs_pytorch']:.2f}"
-        name = r["label"] if r["runtime"] != "funasr_onnx" else f"funasr-onnx ({report['funasr_onnx']})"
+        name = {"funasr_onnx": f"funasr-onnx ({report['funasr_onnx']})",
+                "sherpa_onnx": f"sherpa-onnx {report.get('versions', {}).get('sherpa-onnx', '')} "
+                               "(OfflineRecognizer.from_sense_voice)"}.get(r["runtime"], r["label"])
         lat = r["latency_ms"]
         lines.append(f"| {name} | {r['precision']} | {r['device']} | {r['batch']} | {lat['p50']:.1f} "
                      f"| {lat['p95']:.1f} | {r['utt_per_s']:.1f} | {r['rtf']:.4f} | {x} | {same} |")
@@ -259,4 +293,22 @@ def markdown(report: dict) -> str:
         lines.append(f"- ours {t['precision']} vs AutoModel.generate at batch {t['batch']}: {ratio} "
                      f"(target >= {t['min_ratio']}x): **{verdict(t)}**")
     lines += [f"- note: {n}" for n in report["notes"]]
+    versus = ours_versus(report["rows"], "sherpa_onnx")
+    if versus:
+        lines += ["", "Ours against sherpa-onnx (same ONNX files, same threads, this run): throughput "
+                  + "; ".join(versus) + "."]
     return "\n".join(lines) + "\n"
+
+
+def ours_versus(rows: list[dict], other: str) -> list[str]:
+    """``precision device batch b: ratio`` of ours' throughput over ``other``'s, for each row of it."""
+    out = []
+    for r in rows:
+        if r["runtime"] != other:
+            continue
+        same = ("precision", "device", "batch")
+        ours = next((o for o in rows if o["runtime"] == "ours" and all(o[k] == r[k] for k in same)), None)
+        if ours:
+            out.append(f"{r['precision']} {r['device']} batch {r['batch']}: "
+                       f"{ours['utt_per_s'] / r['utt_per_s']:.2f}x")
+    return out
