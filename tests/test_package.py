@@ -162,11 +162,11 @@ def test_triton_configs_parse_with_tritons_schema(exp: tuple[str, Path]) -> None
     from google.protobuf import text_format
 
     _, exp_dir = exp
-    repo = exp_dir / "package" / "triton"
-    names = sorted(p.name for p in repo.iterdir())
     tag = exp_dir.name
-    assert names == sorted([tag, f"{tag}_fp16", f"{tag}_int8"])
-    for name in names:
+    # The encoders; tests/test_triton_ensemble.py covers the rest of both repositories.
+    repos = {tag: "triton", f"{tag}_int8": "triton", f"{tag}_fp16": "triton_gpu"}
+    for name, repo_name in repos.items():
+        repo = exp_dir / "package" / repo_name
         config = text_format.Parse((repo / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
         inputs, outputs = onnx_io(repo / name / "1" / "model.onnx")
         assert config.name == name and config.backend == "onnxruntime" and config.max_batch_size == 32
@@ -198,7 +198,7 @@ def test_fp16_io_model_gives_the_fp32_scores(exp: tuple[str, Path], data16k: Pat
     asr = OnnxASR(pkg / "onnx", threads=1)
     feats = asr.features(_sources(data16k)[0][:2])
     ref, ref_lens = asr.infer(feats)
-    fp16 = ort.InferenceSession(str(pkg / "triton" / f"{exp_dir.name}_fp16" / "1" / "model.onnx"),
+    fp16 = ort.InferenceSession(str(pkg / "triton_gpu" / f"{exp_dir.name}_fp16" / "1" / "model.onnx"),
                                 providers=["CPUExecutionProvider"])
     lengths = np.array([len(f) for f in feats], dtype=np.int32)
     batch = np.zeros((2, lengths.max(), feats[0].shape[1]), dtype=np.float16)
@@ -242,10 +242,10 @@ def test_build_trt_script_shapes(exp: tuple[str, Path], tmp_path: Path) -> None:
 
 
 def _card_paths(card: str) -> set[str]:
-    """Package files the card names: its Files list, and any backticked path under onnx/, triton/ or
-    runtime/ elsewhere."""
+    """Package files the card names: its Files list, and any backticked path under onnx/, triton/,
+    triton_gpu/ or runtime/ elsewhere."""
     files = re.findall(r"^- `([^`]+)`:", card.split("## Files", 1)[1].split("\n## ", 1)[0], re.MULTILINE)
-    mentioned = re.findall(r"(?<!`)`((?:onnx|triton|runtime)/[^`\s]+)`", card)
+    mentioned = re.findall(r"(?<!`)`((?:onnx|triton|triton_gpu|runtime)/[^`\s]+)`", card)
     return set(files) | {m for m in mentioned if not m.endswith("/")}
 
 
@@ -282,7 +282,7 @@ def test_benchmark_report(exp: tuple[str, Path]) -> None:
     combos = {(r["runtime"], r["precision"], r["batch"]) for r in report["rows"]}
     assert combos == {(rt, p, b) for b in (1, 4) for rt, p in
                       (("pytorch", "fp32"), ("funasr_onnx", "fp32"), ("funasr_onnx", "int8"),
-                       ("ours", "fp32"), ("ours", "int8"))}
+                       ("ours", "fp32"), ("ours", "int8"), ("sherpa_onnx", "fp32"), ("sherpa_onnx", "int8"))}
     for r in report["rows"]:
         assert r["utt_per_s"] > 0 and r["rtf"] > 0 and 0 < r["latency_ms"]["p50"] <= r["latency_ms"]["p95"]
         assert r["speedup_vs_pytorch"] > 0 and 0.0 <= r["same_text_as_pytorch"] <= 1.0

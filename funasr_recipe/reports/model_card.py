@@ -21,7 +21,7 @@ class CardInputs:
     family: str
     parameters: int | None
     files: dict[str, str]                  # package path -> what it is (the "Files" section)
-    triton_models: list[dict]              # name, variant, kind, inputs/outputs as (name, type, dims)
+    triton_models: list[dict]              # triton_ensemble.py's: repo, name, role, kind, I/O, ...
     trt: dict                              # shapes and seconds of build_trt.sh
     export: dict                           # export.json
     parity: dict                           # parity.json
@@ -98,28 +98,105 @@ def parity_section(c: CardInputs) -> list[str]:
             ""]
 
 
-def funasr_onnx_usage(family: str) -> list[str]:
+# Audio at the model's rate as the recipe makes it (runtime/ ships both): torchaudio's sinc resampler, as
+# AutoModel and training resample. funasr-onnx given a path resamples with librosa (soxr) instead, and
+# given an array takes it for audio at the model's rate whatever its rate.
+RESAMPLE_IMPORTS = ["import torch", "from funasr_recipe.features.audio import load_audio",
+                    "from funasr_recipe.features.fbank import resample"]
+RESAMPLE = ["wave, rate = load_audio(\"a.wav\")  # (samples, channels) float32, any rate",
+            "wave = resample(torch.from_numpy(wave.mean(axis=1))[None], rate, {fs})[0].numpy()"]
+
+
+def funasr_onnx_usage(family: str, fs: int = 16000) -> list[str]:
     """How to run the package with funasr-onnx, or why not (it has no CTC-only class)."""
     if family == "ConformerCTC":
         return ["funasr-onnx has no class for a CTC-only Conformer: use the recipe's runtime above, or "
                 "Triton below.", ""]
-    return ["With funasr-onnx (its kaldi-native-fbank frontend; set the threads, its default is 4 whatever "
-            "the machine):", "",
-            "```python", f"from funasr_onnx import {family} as Model",
-            "model = Model(\"onnx\", batch_size=8, quantize=False, intra_op_num_threads=2)",
-            "print(model([\"a.wav\"]))", "```", ""]
+    return [f"With funasr-onnx: give it arrays at {fs} Hz resampled as the recipe resamples (torchaudio's "
+            "sinc, as in training; `torchaudio.functional.resample` is the same kernel). Given a path, "
+            "funasr-onnx resamples with librosa's soxr, which changes the features of a file at another "
+            f"rate and with them some transcripts; given an array, it takes it for {fs} Hz audio whatever "
+            "its rate. It takes one array per call (a list must hold paths), and 4 threads unless told:", "",
+            "```python", "# PYTHONPATH=runtime: the recipe's reader and resampler", *RESAMPLE_IMPORTS,
+            f"from funasr_onnx import {family} as Model", "", *(line.format(fs=fs) for line in RESAMPLE),
+            "model = Model(\"onnx\", batch_size=1, quantize=False, intra_op_num_threads=2)",
+            "print(model(wave))", "```", ""]
+
+
+def sherpa_onnx_usage(c: CardInputs, fs: int) -> list[str]:
+    """How to run the package with sherpa-onnx, where stage 4 wrote its files (SenseVoiceSmall)."""
+    if "onnx/tokens.txt" not in c.files:
+        return []
+    return ["With sherpa-onnx (`onnx/tokens.txt`, and its metadata in the ONNX files; its texts drop the "
+            "tags), on the audio resampled as above:", "",
+            "```python", "import sherpa_onnx", "",
+            "recognizer = sherpa_onnx.OfflineRecognizer.from_sense_voice(",
+            "    model=\"onnx/model.onnx\", tokens=\"onnx/tokens.txt\", num_threads=2,",
+            f"    sample_rate={fs}, language=\"auto\", use_itn=False)",
+            "stream = recognizer.create_stream()", f"stream.accept_waveform({fs}, wave)",
+            "recognizer.decode_stream(stream)", "print(stream.result.text)", "```", ""]
+
+
+# What the ensembles' tensors hold, for the card's table of client-side shapes.
+ENSEMBLE_TENSORS = {
+    "WAV": "mono samples in [-1, 1] at {fs} Hz (resample first), rows zero-padded to the longest",
+    "WAV_LENS": "the true samples of each row of WAV",
+    "LANGUAGE": "optional prompt id, default 0 (auto); 3 zh, 4 en, 7 yue, 11 ja, 12 ko",
+    "TEXTNORM": "optional prompt id, default 15 (woitn); 14 withitn",
+    "TEXT": "UTF-8 text as the recipe's runtime returns it (SenseVoice's tags kept)",
+    "LANGUAGE_TAG": "the text's language tag (en, zh, ...; empty where none)",
+    "EMOTION_TAG": "its emotion tag (NEUTRAL, HAPPY, ...)", "EVENT_TAG": "its event tag (Speech, BGM, ...)"}
+DECODING = {"SenseVoiceSmall": "greedy CTC on ctc_logits (argmax per frame up to encoder_out_lens, repeats "
+                               "collapsed, blank 0 dropped); inputs language and textnorm as above",
+            "Paraformer": "the argmax of each of the first token_num rows of logits, ids 0, 1, 2 (blank, "
+                          "<s>, </s>) dropped",
+            "ConformerCTC": "greedy CTC on the log-probabilities (blank 0)"}
+
+
+def _io(m: dict) -> str:
+    return ("inputs " + ", ".join(f"{n} {t} {d}" for n, t, d in m["inputs"]) + "; outputs "
+            + ", ".join(f"{n} {t} {d}" for n, t, d in m["outputs"]))
+
+
+def triton_section(c: CardInputs) -> list[str]:
+    """How to serve the package with Triton: the two repositories, the ensembles' client-side shapes, the
+    encoders' own (reports/triton_ensemble.py writes them)."""
+    fs = (c.train_config.get("frontend_conf") or {}).get("fs", 16000)
+    ensembles = [m for m in c.triton_models if m["role"] == "ensemble"]
+    rows = [f"| {n} | {'input' if k == 'inputs' else 'output'} | {t} | {d} | "
+            f"{ENSEMBLE_TENSORS.get(n, '').format(fs=fs)} |" for k in ("inputs", "outputs")
+            for n, t, d in ensembles[0][k]]
+    listed = "\n".join(f"- `{m['repo']}/{m['name']}/config.pbtxt` ({m['what']}, {m['kind']}): {_io(m)}"
+                       for m in c.triton_models if m["role"] == "encoder")
+    return [
+        "With Triton: two model repositories. `triton/` starts on any machine (python models on CPU, the "
+        "int8 encoder on CPU, the fp32 one on the GPU where there is one); `triton_gpu/` holds the fp16-I/O "
+        "encoder, which asks for onnxruntime's TensorRT provider in FP16 on a GPU (KIND_GPU): it would not "
+        "load without one, and tritonserver exits when a model fails to load, hence its own repository. "
+        "Its models have their own names, so that a GPU server can serve both:", "",
+        "```bash", "tritonserver --model-repository triton                                  # CPU or GPU",
+        "tritonserver --model-repository triton --model-repository triton_gpu   # GPU, fp16 too", "```", "",
+        "The python models (feature extraction, decoding: the recipe's own, so the texts are the runtime's) "
+        "import the recipe's code from `runtime/` (their `runtime_dir` parameter, `../../runtime`): give the "
+        "server the whole package, not `triton/` alone, and an image with Triton's python backend and "
+        "`runtime/requirements.txt` installed.", "",
+        "Audio in, text out: the ensembles "
+        + ", ".join(f"`{m['name']}` ({m['precision']}, in {m['repo']}/)" for m in ensembles)
+        + " run feature extraction, the encoder and decoding. Client-side shapes, batch first (-1: any; "
+        f"up to {ensembles[0]['max_batch']} clips a request):", "",
+        "| tensor | | type | shape | holds |", "|---|---|---|---|---|", *rows, "",
+        "Features in, scores out: the encoders alone, for a client that computes the features itself "
+        "(pad speech to a few length buckets so that requests batch, and send the true speech_lengths); "
+        f"it decodes the outputs as the runtime does: {DECODING[c.family]}; then the tokenizer's pieces to "
+        "text. The fp16 model takes and returns float16 tensors (casts at the graph's edges, fp32 weights); "
+        "the int8 one (dynamic quantisation) is for CPU instances.", "",
+        listed, "",
+        "A clip too short for the encoder gets an error from Triton where the runtime returns an empty text.",
+        ""]
 
 
 def usage_section(c: CardInputs) -> list[str]:
-    decoding = {"SenseVoiceSmall": "greedy CTC on ctc_logits (argmax per frame up to encoder_out_lens, "
-                                   "repeats collapsed, blank 0 dropped); inputs language 0 (auto; 3 zh, "
-                                   "4 en, 7 yue, 11 ja, 12 ko) and textnorm 15 (woitn; 14 withitn)",
-                "Paraformer": "the argmax of each of the first token_num rows of logits, ids 0, 1, 2 "
-                              "(blank, <s>, </s>) dropped",
-                "ConformerCTC": "greedy CTC on the log-probabilities (blank 0)"}[c.family]
-    triton = "\n".join(f"- `triton/{m['name']}/config.pbtxt` ({m['variant']}, {m['kind']}): inputs "
-                       + ", ".join(f"{n} {t} {d}" for n, t, d in m["inputs"]) + "; outputs "
-                       + ", ".join(f"{n} {t} {d}" for n, t, d in m["outputs"]) for m in c.triton_models)
+    fs = int((c.train_config.get("frontend_conf") or {}).get("fs", 16000))
     return [
         "## How to run it", "", "Commands run from the package's top directory.", "",
         "With the recipe's runtime (`runtime/`: audio read with soundfile, the PyTorch frontend's exact "
@@ -127,16 +204,8 @@ def usage_section(c: CardInputs) -> list[str]:
         "```bash",
         "PYTHONPATH=runtime python -m funasr_recipe.runtime.transcribe onnx a.wav b.wav [--int8] \\",
         "    [--batch-size 8] [--threads N]",
-        "```", "", *funasr_onnx_usage(c.family),
-        "With Triton (onnxruntime backend, dynamic batching; pad speech to a few length buckets so that "
-        "requests batch, and send the true speech_lengths):", "",
-        "```bash", "tritonserver --model-repository triton", "```", "",
-        "Shapes are the ONNX model's, batch first (-1: dynamic). A client decodes the outputs as the "
-        f"runtime does: {decoding}; then the tokenizer's pieces to text.", "",
-        triton, "",
-        "The fp16 model takes and returns float16 tensors (casts at the graph's edges, fp32 weights) and "
-        "asks Triton for onnxruntime's TensorRT execution provider in FP16; the int8 model (dynamic "
-        "quantisation) is for CPU instances.", "",
+        "```", "", *funasr_onnx_usage(c.family, fs), *sherpa_onnx_usage(c, fs),
+        *triton_section(c),
         "With TensorRT: `./build_trt.sh [engine.plan]` runs trtexec --fp16 with the profile min/opt/max "
         f"`{c.trt['min']}` / `{c.trt['opt']}` / `{c.trt['max']}` (speech of {c.trt['seconds'][0]:g} s / "
         f"{c.trt['seconds'][1]:g} s / {c.trt['seconds'][2]:g} s), and says so where trtexec is missing.", ""]

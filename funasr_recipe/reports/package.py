@@ -7,12 +7,15 @@ Reads  <exp-dir>/export/ (stage 4, passed: .done and parity.json), <exp-dir>/fin
 writes <exp-dir>/package/
          README.md            model card: data, config, RESULTS, parity, benchmark, how to run it
          onnx/                the export dir as funasr-onnx and the recipe's runtime load it
-         triton/<tag>{,_int8,_fp16}/config.pbtxt + 1/model.onnx
-                              Triton model repository (onnxruntime backend, dynamic batching,
-                              dynamic time axis; fp32, int8 for CPU, fp16 I/O with TensorRT fp16)
+         triton/              Triton model repository that starts without a GPU: the encoder fp32 and
+                              int8 (onnxruntime backend, dynamic batching, dynamic time axis), python
+                              models for features and decoding, and ensembles <tag>_asr{,_int8}
+                              that take waveforms and return text (reports/triton_ensemble.py)
+         triton_gpu/          the same for the fp16-I/O encoder with TensorRT fp16 (KIND_GPU)
          build_trt.sh         trtexec --fp16 with min/opt/max shapes from the model's inputs
          runtime/             the recipe's ONNX runtime (funasr_recipe/runtime/transcribe.py and the
-                              modules it imports, found from the imports) and its requirements
+                              modules it and the Triton python models import, found from the imports)
+                              and its requirements
          RESULTS.md, benchmark.{md,json}, train_config.yaml, SHA256SUMS
        <exp-dir>/package.tar.gz  the whole package under <tag>/
        <exp-dir>/package/.done   the marker of a finished run (a rerun with the same inputs skips)
@@ -28,7 +31,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 import shutil
 import statistics
@@ -40,19 +42,11 @@ import onnx
 import yaml
 
 from funasr_recipe.core.files import sha256_file
-from funasr_recipe.core.imports import local_closure, third_party
+from funasr_recipe.core.imports import imported_modules, local_closure, third_party
 from funasr_recipe.core.jsonl import iter_jsonl
 from funasr_recipe.reports.model_card import CardInputs, read_json, render
-from funasr_recipe.reports.triton_repo import (
-    TRITON_TYPES,
-    Tensor,
-    build_trt_script,
-    config_pbtxt,
-    fp16_io,
-    model_frames,
-    onnx_io,
-    trt_shapes,
-)
+from funasr_recipe.reports.triton_ensemble import PYTHON_MODEL, write_repositories
+from funasr_recipe.reports.triton_repo import build_trt_script, model_frames, onnx_io, trt_shapes
 from funasr_recipe.runtime.onnx_asr import export_family
 
 log = logging.getLogger(__name__)
@@ -74,15 +68,6 @@ def check_export(export_dir: Path) -> dict:
     return parity
 
 
-def link_or_copy(src: Path, dst: Path) -> None:
-    """A hard link (one copy on disk and in the tarball), or a copy across filesystems."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
-
-
 def parameter_count(model_dir: Path, onnx_path: Path) -> int | None:
     """Parameters of the PyTorch model (float tensors of model.pt), else the ONNX model's initializers."""
     if (model_dir / "model.pt").is_file():
@@ -93,35 +78,6 @@ def parameter_count(model_dir: Path, onnx_path: Path) -> int | None:
     model = onnx.load(str(onnx_path))
     floats = [i for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT]
     return sum(math.prod(i.dims) for i in floats) or None
-
-
-def _described(t: Tensor) -> tuple[str, str, str]:
-    """(name, Triton type, ONNX shape with -1 for dynamic axes) of a tensor, for the card."""
-    shape = ", ".join("-1" if d is None else str(d) for d in t.dims)
-    return t.name, TRITON_TYPES[t.elem_type], f"[{shape}]"
-
-
-def write_triton(pkg: Path, name: str, max_batch: int) -> list[dict]:
-    """triton/<name>{,_int8,_fp16}/: config.pbtxt and 1/model.onnx; what the card says of each."""
-    variants = [(name, "fp32", "KIND_AUTO", "model.onnx"),
-                (f"{name}_int8", "int8", "KIND_CPU", "model_quant.onnx"),
-                (f"{name}_fp16", "fp16 I/O", "KIND_GPU", None)]
-    models = []
-    for model_name, variant, kind, source in variants:
-        target = pkg / "triton" / model_name / "1" / "model.onnx"
-        if source:
-            link_or_copy(pkg / "onnx" / source, target)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            onnx.save(fp16_io(onnx.load(str(pkg / "onnx" / "model.onnx"))), str(target))
-        inputs, outputs = onnx_io(target)
-        (pkg / "triton" / model_name / "config.pbtxt").write_text(
-            config_pbtxt(model_name, inputs, outputs, max_batch, kind, tensorrt_fp16=variant == "fp16 I/O"),
-            encoding="utf-8")
-        models.append({"name": model_name, "variant": variant, "kind": kind,
-                       "inputs": [_described(t) for t in inputs],
-                       "outputs": [_described(t) for t in outputs]})
-    return models
 
 
 def write_trt(pkg: Path, data_jsonl: Path, max_batch: int, max_seconds: float) -> dict:
@@ -141,9 +97,11 @@ def write_trt(pkg: Path, data_jsonl: Path, max_batch: int, max_seconds: float) -
 
 
 def runtime_files() -> list[Path]:
-    """The recipe's files the package's runtime/ holds (repository-relative): RUNTIME_ENTRY and every module
-    of the package it imports, found from the imports, so that the copy runs without the recipe."""
-    return [p.relative_to(ROOT) for p in local_closure(ROOT, RUNTIME_ENTRY, PACKAGE)]
+    """The recipe's files the package's runtime/ holds (repository-relative): RUNTIME_ENTRY, the modules of
+    the package that the Triton python models import, and every module of the package these import, found
+    from the imports, so that the copy runs without the recipe."""
+    roots = [RUNTIME_ENTRY, *sorted(m for m in imported_modules(PYTHON_MODEL) if m.startswith(PACKAGE + "."))]
+    return sorted({p.relative_to(ROOT) for m in roots for p in local_closure(ROOT, m, PACKAGE)})
 
 
 def _normalized(name: str) -> str:
@@ -170,7 +128,8 @@ def write_runtime(pkg: Path) -> list[Path]:
     for f in files:
         (pkg / "runtime" / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / f, pkg / "runtime" / f)
-    header = f"# The recipe's tested versions of what runtime/ imports (python -m {RUNTIME_ENTRY}).\n"
+    header = (f"# The recipe's tested versions of what runtime/ imports (python -m {RUNTIME_ENTRY}, and the "
+              "Triton python models).\n")
     (pkg / "runtime" / "requirements.txt").write_text(header + "\n".join(runtime_requirements(files)) + "\n",
                                                       encoding="utf-8")
     return files
@@ -214,7 +173,7 @@ def build_package(exp_dir: Path, data_jsonl: Path, model_dir: Path, max_batch: i
     config = _yaml(pkg / "onnx" / "config.yaml")
     tokenizer = (config.get("tokenizer_conf") or {}).get("bpemodel")
     tag = re.sub(r"[^A-Za-z0-9_-]", "_", exp_dir.resolve().name)
-    triton = write_triton(pkg, tag, max_batch)
+    triton, triton_files = write_repositories(pkg, tag, family, max_batch)
     trt = write_trt(pkg, data_jsonl, max_batch, max_seconds)
     runtime = write_runtime(pkg)
     copies = {"RESULTS.md": "RESULTS.md", "benchmark.md": "benchmark.md", "benchmark.json": "benchmark.json",
@@ -231,9 +190,9 @@ def build_package(exp_dir: Path, data_jsonl: Path, model_dir: Path, max_batch: i
              "onnx/parity.json": "ONNX vs PyTorch on the test set"}
     if tokenizer:
         files[f"onnx/{tokenizer}"] = "sentencepiece tokenizer"
-    for m in triton:
-        files[f"triton/{m['name']}/config.pbtxt"] = f"Triton configuration, {m['variant']}, {m['kind']}"
-        files[f"triton/{m['name']}/1/model.onnx"] = f"Triton model file, {m['variant']}"
+    if (pkg / "onnx" / "tokens.txt").is_file():
+        files["onnx/tokens.txt"] = "sherpa-onnx's token table (the ONNX files hold its metadata)"
+    files.update(triton_files)
     files["build_trt.sh"] = "builds a TensorRT fp16 engine with trtexec"
     files.update({f"runtime/{f}": "the recipe's ONNX runtime" for f in runtime})
     files["runtime/requirements.txt"] = "the runtime's tested package versions"

@@ -1,8 +1,10 @@
-"""Deployment files of stage 5 derived from an ONNX model's own inputs and outputs: a Triton model
-repository (onnxruntime backend) and a trtexec script that builds a TensorRT engine.
+"""Deployment files of stage 5 derived from an ONNX model's own inputs and outputs: Triton model
+configurations (onnxruntime backend; the python-backend and ensemble models of triton_ensemble.py are
+written with the same tensor syntax) and a trtexec script that builds a TensorRT engine.
 
-Reads an ONNX model's graph inputs/outputs (names, element types, dynamic axes); writes
-  <repo>/<name>/config.pbtxt + <repo>/<name>/1/model.onnx   one Triton model per variant
+Reads an ONNX model's graph inputs/outputs (names, element types, dynamic axes); returns the text of
+  <repo>/<name>/config.pbtxt                                one Triton model (config_pbtxt,
+                                                            python_pbtxt, ensemble_pbtxt)
   build_trt.sh                                              trtexec with min/opt/max shapes and --fp16
 Names, types and shapes in both come from the model (``onnx_io``), never from a template, so that a
 re-exported model with other inputs (SenseVoice's language/textnorm, Paraformer's token_num) stays
@@ -27,16 +29,19 @@ from onnx import TensorProto, helper
 
 TRITON_TYPES = {TensorProto.FLOAT: "TYPE_FP32", TensorProto.FLOAT16: "TYPE_FP16",
                 TensorProto.INT32: "TYPE_INT32", TensorProto.INT64: "TYPE_INT64",
-                TensorProto.BOOL: "TYPE_BOOL", TensorProto.INT8: "TYPE_INT8", TensorProto.UINT8: "TYPE_UINT8"}
+                TensorProto.BOOL: "TYPE_BOOL", TensorProto.INT8: "TYPE_INT8", TensorProto.UINT8: "TYPE_UINT8",
+                TensorProto.STRING: "TYPE_STRING"}
 
 
 @dataclass(frozen=True)
 class Tensor:
-    """One graph input or output: name, ONNX element type and dims (None for a dynamic axis)."""
+    """One graph input or output: name, ONNX element type and dims (None for a dynamic axis); an
+    ``optional`` input may be left out of a request (python-backend and ensemble models only)."""
 
     name: str
     elem_type: int
     dims: tuple[int | None, ...]
+    optional: bool = False
 
     @property
     def batched(self) -> bool:
@@ -63,6 +68,8 @@ def _tensor_pbtxt(t: Tensor, batched: bool) -> str:
     dims = list(t.dims[1:] if batched else t.dims)
     kind = TRITON_TYPES[t.elem_type]
     head = f'  {{\n    name: "{t.name}"\n    data_type: {kind}\n'
+    if t.optional:
+        head += "    optional: true\n"
     if not dims:  # (batch,) tensor: Triton wants at least one dim per item, then reshapes it away
         return head + "    dims: [ 1 ]\n    reshape: { shape: [ ] }\n  }"
     shown = ", ".join(str(-1 if d is None else d) for d in dims)
@@ -73,14 +80,12 @@ def config_pbtxt(name: str, inputs: list[Tensor], outputs: list[Tensor], max_bat
                  tensorrt_fp16: bool = False, queue_delay_us: int = 5000) -> str:
     """Triton's config.pbtxt for an onnxruntime-backend model whose graph has ``inputs``/``outputs``."""
     batched = all(t.batched for t in inputs + outputs)
-    lines = [f'name: "{name}"', 'backend: "onnxruntime"', f"max_batch_size: {max_batch if batched else 0}",
-             "input [", ",\n".join(_tensor_pbtxt(t, batched) for t in inputs), "]",
-             "output [", ",\n".join(_tensor_pbtxt(t, batched) for t in outputs), "]"]
+    lines = _head(name, 'backend: "onnxruntime"', inputs, outputs, max_batch if batched else 0)
     if batched:
         preferred = sorted({b for b in (8, max_batch) if b <= max_batch})
         lines += ["dynamic_batching {", f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]",
                   f"  max_queue_delay_microseconds: {queue_delay_us}", "}"]
-    lines += ["instance_group [", f"  {{\n    count: 1\n    kind: {kind}\n  }}", "]"]
+    lines += _instances(kind, 1)
     if tensorrt_fp16:  # onnxruntime's TensorRT execution provider, computing in fp16
         lines += ["optimization {", "  execution_accelerators {", "    gpu_execution_accelerator: [ {",
                   '      name: "tensorrt"',
@@ -88,6 +93,59 @@ def config_pbtxt(name: str, inputs: list[Tensor], outputs: list[Tensor], max_bat
                   '      parameters { key: "max_workspace_size_bytes" value: "1073741824" }',
                   '      parameters { key: "trt_engine_cache_enable" value: "1" }',
                   "    } ]", "  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _head(name: str, runner: str, inputs: list[Tensor], outputs: list[Tensor], max_batch: int) -> list[str]:
+    """The name, backend or platform, batch size and I/O lines every config starts with."""
+    batched = max_batch > 0
+    return [f'name: "{name}"', runner, f"max_batch_size: {max_batch}",
+            "input [", ",\n".join(_tensor_pbtxt(t, batched) for t in inputs), "]",
+            "output [", ",\n".join(_tensor_pbtxt(t, batched) for t in outputs), "]"]
+
+
+def _instances(kind: str, count: int) -> list[str]:
+    return ["instance_group [", f"  {{\n    count: {count}\n    kind: {kind}\n  }}", "]"]
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def python_pbtxt(name: str, inputs: list[Tensor], outputs: list[Tensor], max_batch: int,
+                 parameters: dict[str, str], count: int = 1) -> str:
+    """config.pbtxt of a python-backend model (1/model.py beside it): batched I/O, string ``parameters``
+    (the model reads them from its config), CPU instances, and a dynamic batcher without delay, which
+    hands the model every request already queued in one ``execute`` call."""
+    lines = _head(name, 'backend: "python"', inputs, outputs, max_batch)
+    lines += ["parameters ["]
+    lines += [",\n".join(f"  {{\n    key: {_quoted(k)}\n    value: {{ string_value: {_quoted(v)} }}\n  }}"
+                          for k, v in parameters.items())]
+    lines += ["]", "dynamic_batching { }"] + _instances("KIND_CPU", count)
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of an ensemble: a model and its tensors' names (model's own -> the ensemble's)."""
+
+    model: str
+    inputs: dict[str, str]
+    outputs: dict[str, str]
+
+
+def ensemble_pbtxt(name: str, inputs: list[Tensor], outputs: list[Tensor], max_batch: int,
+                   steps: list[Step]) -> str:
+    """config.pbtxt of an ensemble that runs ``steps`` (latest version of each model) in data order."""
+    lines = _head(name, 'platform: "ensemble"', inputs, outputs, max_batch)
+    blocks = []
+    for step in steps:
+        maps = [f"      {kind}_map {{ key: {_quoted(k)} value: {_quoted(v)} }}"
+                for kind, mapping in (("input", step.inputs), ("output", step.outputs))
+                for k, v in mapping.items()]
+        blocks.append("\n".join(["    {", f"      model_name: {_quoted(step.model)}",
+                                 "      model_version: -1", *maps, "    }"]))
+    lines += ["ensemble_scheduling {", "  step [", ",\n".join(blocks), "  ]", "}"]
     return "\n".join(lines) + "\n"
 
 
