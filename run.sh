@@ -27,8 +27,8 @@ cd "$(dirname "${run_sh}")"
 ncpu=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 
 # ---- options (every option is --name value; --name-with-dashes and --name_with_underscores both work)
-stage=0                 # first stage to run (-1 preflight alone, 0 data, 1 features, 2 train, 3 decode, 4 export, 5 package)
-stop_stage=5            # last stage to run
+stage=0                 # first stage to run (-1 preflight alone, 0 data, 1 features, 2 train, 3 decode, 4 export, 5 package, 6 serve)
+stop_stage=5            # last stage to run (6: the HTTP service, which runs until stopped)
 config=conf/tiny_sensevoice.yaml  # model + training config (Hydra yaml) in conf/
 corpus=fsdd             # corpus recipe, a folder of recipes/ (fsdd kaldi speechocean762 mandarin_syllables aishell1 librispeech)
 corpus_dir=             # corpus root in its upstream layout (empty: the recipe's default; fsdd: the bundled copy)
@@ -62,6 +62,9 @@ grad_checkpoint=false   # true: recompute the encoder's activations in backward 
 oom_probe=true          # true: run the largest batches of epoch 0 once before training, to fail fast on OOM
 memory_limit_gib=       # memory per process the OOM probe allows (empty: the GPU's; on CPU host RAM / processes)
 max_bad_steps=10        # bad steps in a row (non-finite or exploding loss or gradient; each is skipped) that stop training (0: never)
+serve_host=127.0.0.1    # address the HTTP service listens on (stage 6; 0.0.0.0: every interface)
+serve_port=8000         # port of the HTTP service (stage 6)
+serve_precision=fp32    # fp32 (model.onnx) or int8 (model_quant.onnx): the model the HTTP service runs (stage 6)
 # ---- end of options
 
 options_block=$(sed -n '/^# ---- options/,/^# ---- end of options/p' "${run_sh}" | grep -E '^[a-z_]+=')
@@ -100,12 +103,10 @@ done
 # the recipe root, where run.sh runs (Kaldi's convention, also for relative paths inside wav.scp).
 [ -n "${corpus_dir}" ] && [[ ${corpus_dir} != /* ]] && corpus_dir=$(cd "${start_dir}" && realpath -m "${corpus_dir}")
 
-for n in stage stop_stage; do
-  [[ ${!n} =~ ^-?[0-9]+$ ]] || usage_error "--${n//_/-} must be an integer, got '${!n}'"
-done
-for n in nj nnodes node_rank master_port metrics_port max_bad_steps; do
-  [[ ${!n} =~ ^[0-9]+$ ]] || usage_error "--${n//_/-} must be a non-negative integer, got '${!n}'"
-done
+for n in stage stop_stage; do [[ ${!n} =~ ^-?[0-9]+$ ]] || usage_error "--${n//_/-} must be an integer, got '${!n}'"; done
+for n in nj nnodes node_rank master_port metrics_port max_bad_steps serve_port; do
+  [[ ${!n} =~ ^[0-9]+$ ]] || usage_error "--${n//_/-} must be a non-negative integer, got '${!n}'"; done
+[[ ${serve_precision} =~ ^(fp32|int8)$ ]] || usage_error "--serve-precision must be fp32 or int8, got '${serve_precision}'"
 [[ ${comm_profile} =~ ^(default|ethernet|infiniband|debug)$ ]] \
   || usage_error "--comm-profile must be default, ethernet, infiniband or debug, got '${comm_profile}'"
 [[ -z ${memory_limit_gib} || ${memory_limit_gib} =~ ^[0-9]+([.][0-9]+)?$ ]] \
@@ -113,9 +114,7 @@ done
 [ "${node_rank}" -lt "${nnodes}" ] || usage_error "--node-rank ${node_rank} is not below --nnodes ${nnodes}"
 have_recipes=$(cd recipes && for d in */prepare.py; do printf '%s ' "${d%/prepare.py}"; done)
 [ -d "recipes/${corpus}" ] || usage_error "--corpus ${corpus}: no recipes/${corpus}/ (have: ${have_recipes})"
-for b in strict allow_pipes preflight grad_checkpoint oom_probe; do
-  [[ ${!b} =~ ^(true|false)$ ]] || usage_error "--${b//_/-} must be true or false, got '${!b}'"
-done
+for b in strict allow_pipes preflight grad_checkpoint oom_probe; do [[ ${!b} =~ ^(true|false)$ ]] || usage_error "--${b//_/-} must be true or false, got '${!b}'"; done
 
 if [ -z "${master_addr}" ] && [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null; then
   master_addr=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n1)
@@ -382,6 +381,13 @@ if [ "${stage}" -le 5 ] && [ "${stop_stage}" -ge 5 ]; then
     python -m local.package --exp-dir "${exp_dir}" --data-jsonl "${data_dir}/${bench_set}/data.jsonl" \
       2>&1 | tee "${exp_dir}/log/package.log" >&2
   fi
+fi
+
+if [ "${stage}" -le 6 ] && [ "${stop_stage}" -ge 6 ] && [ "${node_rank}" -eq 0 ]; then
+  # A service, not a product: no .done marker; it runs until Ctrl-C or SIGTERM (trap_signals stops it).
+  stage_begins 6 "HTTP service and web page: ${exp_dir}/export/ -> http://${serve_host}:${serve_port}/" "${exp_dir}/export/.done"
+  python -m local.serve --model-dir "${exp_dir}/export" --host "${serve_host}" --port "${serve_port}" \
+    --precision "${serve_precision}"
 fi
 
 if [ "${node_rank}" -eq 0 ] && [ "${stop_stage}" -ge 3 ] && [ -f "${data_dir}/corpus.json" ]; then

@@ -41,10 +41,12 @@ pyver=$("${python}" -c 'import sys; print("py%d%d" % sys.version_info[:2])')
 
 # --- system packages: g++ builds DeepSpeed's JIT ops on first use; libsndfile comes with the
 # soundfile wheel, the Debian package is only a fallback for hosts where the wheel lacks it; shellcheck
-# lints the shell scripts in the tests (tests/test_style.py).
+# lints the shell scripts in the tests (tests/test_style.py); chromium is the browser that the web
+# page's test drives through playwright (playwright's own browser download cannot be had offline).
 need_apt=()
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if ! grep -q libsndfile <<< "$(ldconfig -p 2>/dev/null || true)"; then need_apt+=(libsndfile1); fi  # a here-string: `ldconfig | grep -q` fails under pipefail (SIGPIPE)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -17,7 +17,7 @@ OPTIONS = ("--stage", "--stop-stage", "--config", "--corpus", "--corpus-dir", "-
            "--nj", "--strict", "--allow-pipes", "--max-duration", "--prep-opts", "--wait-timeout",
            "--decode-dir", "--decode-batch-size", "--preflight", "--comm-profile", "--socket-ifname",
            "--metrics-port", "--grad-checkpoint", "--oom-probe", "--memory-limit-gib",
-           "--max-bad-steps")
+           "--max-bad-steps", "--serve-host", "--serve-port", "--serve-precision")
 # Node options must come from the flags in these tests, not from the CI machine's environment.
 CLEAN_ENV = {k: v for k, v in os.environ.items()
              if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("SLURM_")}
@@ -49,6 +49,7 @@ def test_help_lists_every_option() -> None:
     (["--comm-profile", "wifi"], "--comm-profile must be default, ethernet, infiniband or debug"),
     (["--memory-limit-gib", "lots"], "--memory-limit-gib must be a number of GiB"),
     (["--preflight", "maybe"], "--preflight must be true or false"),
+    (["--serve-precision", "fp16"], "--serve-precision must be fp32 or int8"),
     (["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 is not below --nnodes 2"),
     (["--corpus", "nosuch"], "--corpus nosuch: no recipes/nosuch/"),
     (["--strict", "maybe"], "--strict must be true or false"),

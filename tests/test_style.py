@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 400  # STYLE: no file over ~400 lines; split by responsibility instead
 PACKAGE = "funasr_recipe"
 # The package's sub-packages, lowest first: each may import only from itself and those before it.
-LAYERS = ("core", "dist", "cluster", "features", "data", "model", "train", "scoring", "runtime", "reports")
+LAYERS = ("core", "dist", "cluster", "features", "data", "model", "train", "scoring", "runtime", "reports",
+          "serving")
 PROGRAM_DIRS = ("local", "bench")  # every module there is a program (recipes/<corpus>/prepare.py too)
 SHELL = ("run.sh", "path.sh", "setup.sh", "local/run_lib.sh", ".ci/run", "bench/gpu_smoke.sh",
          "slurm/run.sbatch")

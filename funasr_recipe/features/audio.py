@@ -25,6 +25,7 @@ _TAIL_SECONDS = 0.1
 # libsndfile clamps a truncated WAV's length to the bytes present and notes the mismatch as
 # "data : 32000 (should be 15978)" in its chunk log; that note is the only trace of the cut.
 _WAV_SHORT_DATA = re.compile(r"^data\s*:\s*\d+\s*\(should be \d+\)", re.MULTILINE)
+_BUFFER = re.compile(r"<_io\.BytesIO object at 0x[0-9a-f]+>")
 # A pipe that fetches from slow storage may need longer; the fault suite needs much shorter.
 PIPE_TIMEOUT_S = float(os.environ.get("RECIPE_PIPE_TIMEOUT_S", 120))
 
@@ -143,7 +144,25 @@ def load_audio(source: str) -> tuple[np.ndarray, int]:
     soundfile rather than ``torchaudio.load``: in torchaudio 2.9 the latter decodes through torchcodec
     and FFmpeg, about 30x slower for WAV/FLAC and a dependency we do not want.
     """
-    target = _target(source)
+    return _read(_target(source), source)
+
+
+def decode_audio_bytes(data: bytes, name: str = "upload") -> tuple[np.ndarray, int]:
+    """Decode an audio file held in memory (an HTTP upload) as load_audio decodes a path, after the
+    checks probe_audio makes, so that a cut-off upload is refused rather than transcribed in part.
+
+    Raises AudioError: empty_file (0 bytes), unreadable_audio, truncated_audio, empty_audio.
+    """
+    if not data:
+        raise AudioError("empty_file", f"{name}: 0 bytes")
+    try:
+        _probe(io.BytesIO(data), name)
+        return _read(io.BytesIO(data), name)
+    except AudioError as e:  # libsndfile names the buffer "<_io.BytesIO object at 0x...>": name the upload
+        raise AudioError(e.reason, _BUFFER.sub(name, e.detail)) from None
+
+
+def _read(target: str | io.BytesIO, source: str) -> tuple[np.ndarray, int]:
     try:
         data, rate = sf.read(target, dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, ValueError, OSError) as e:
@@ -161,7 +180,10 @@ def probe_audio(source: str) -> AudioInfo:
     Reasons: missing_file, permission_denied, unreadable_audio, truncated_audio, empty_audio,
     pipe_failed.
     """
-    target = _target(source)
+    return _probe(_target(source), source)
+
+
+def _probe(target: str | io.BytesIO, source: str) -> AudioInfo:
     try:
         f = sf.SoundFile(target)
     except (sf.LibsndfileError, RuntimeError, ValueError, OSError) as e:

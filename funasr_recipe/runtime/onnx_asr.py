@@ -139,6 +139,10 @@ class _Detokenizer:
         else:
             self.tokens = json.loads((export_dir / "tokens.json").read_text(encoding="utf-8"))
 
+    def piece(self, token: int) -> str:
+        """The vocabulary entry of one token id (a sentencepiece piece keeps its "▁")."""
+        return self.sp.id_to_piece(token) if self.sp is not None else self.tokens[token]
+
     def __call__(self, ids: list[int]) -> str:
         if self.sp is not None:
             return self.sp.decode(ids)
@@ -188,13 +192,16 @@ class OnnxASR:
             out.append(feats)
         return out
 
-    def infer(self, feats: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """(scores (B, T', V), valid lengths (B,)) of a list of feature matrices, zero-padded."""
+    def infer(self, feats: list[np.ndarray],
+              extra: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(scores (B, T', V), valid lengths (B,)) of a list of feature matrices, zero-padded.
+        ``extra``: per-utterance values of the family's other inputs (SenseVoice's language and
+        textnorm: a server batches requests that ask for different ones), else the runtime's own."""
         lengths = np.array([f.shape[0] for f in feats], dtype=np.int32)
         batch = np.zeros((len(feats), int(lengths.max()), feats[0].shape[1]), dtype=np.float32)
         for i, f in enumerate(feats):
             batch[i, : f.shape[0]] = f
-        inputs = {"speech": batch, "speech_lengths": lengths, **self.parts.inputs(len(feats))}
+        inputs = {"speech": batch, "speech_lengths": lengths, **(extra or self.parts.inputs(len(feats)))}
         scores, out_lens = self.session.run(None, {k: inputs[k] for k in self.input_names})[:2]
         return scores, out_lens
 

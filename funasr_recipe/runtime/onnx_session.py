@@ -43,3 +43,13 @@ def collapse_ctc(best: np.ndarray, blank_id: int = 0) -> list[int]:
 def greedy_ctc(log_probs: np.ndarray, blank_id: int = 0) -> list[int]:
     """Best path of one utterance's (frames, vocab) scores: argmax, repeats collapsed, blanks dropped."""
     return collapse_ctc(log_probs.argmax(axis=-1), blank_id)
+
+
+def ctc_spans(best: np.ndarray, blank_id: int = 0) -> list[tuple[int, int, int]]:
+    """Greedy CTC with positions: (token, first frame, end frame) of each emitted token, where the
+    frames [first, end) are the run of that token's best path (its repeats), blanks dropped."""
+    if best.size == 0:
+        return []
+    starts = np.flatnonzero(np.concatenate(([True], best[1:] != best[:-1])))
+    ends = np.append(starts[1:], best.size)
+    return [(int(best[s]), int(s), int(e)) for s, e in zip(starts, ends, strict=True) if best[s] != blank_id]
