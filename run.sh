@@ -384,10 +384,10 @@ if [ "${stage}" -le 5 ] && [ "${stop_stage}" -ge 5 ]; then
 fi
 
 if [ "${stage}" -le 6 ] && [ "${stop_stage}" -ge 6 ] && [ "${node_rank}" -eq 0 ]; then
-  # A service, not a product: no .done marker; it runs until Ctrl-C or SIGTERM (trap_signals stops it).
   stage_begins 6 "HTTP service and web page: ${exp_dir}/export/ -> http://${serve_host}:${serve_port}/" "${exp_dir}/export/.done"
+  # A service (no .done) until Ctrl-C/SIGTERM; in the background, as bash runs a trap only once its foreground command ends
   python -m local.serve --model-dir "${exp_dir}/export" --host "${serve_host}" --port "${serve_port}" \
-    --precision "${serve_precision}"
+    --precision "${serve_precision}" & wait $!
 fi
 
 if [ "${node_rank}" -eq 0 ] && [ "${stop_stage}" -ge 3 ] && [ -f "${data_dir}/corpus.json" ]; then

@@ -4,7 +4,7 @@ says what is in it).
 Reads  <exp-dir>/export/ (stage 4, passed), <exp-dir>/final/model.pt, <exp-dir>/config.yaml, RESULTS.md,
        benchmark.{md,json} where present, and <data-jsonl> (a test set: its durations set TensorRT's
        optimal shape; data/corpus.json and data/<set>/report.json next to it describe the data);
-writes <exp-dir>/package/ (model card, onnx/, triton/, build_trt.sh, runtime/, SHA256SUMS),
+writes <exp-dir>/package/ (model card, onnx/, triton/ and triton_gpu/, build_trt.sh, runtime/, SHA256SUMS),
        <exp-dir>/package.tar.gz and <exp-dir>/package/.done (a rerun with the same inputs skips).
 
   python -m local.package --exp-dir exp/tiny_sensevoice --data-jsonl data/dev/data.jsonl \\

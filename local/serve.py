@@ -2,7 +2,8 @@
 
 Reads  <model-dir>, an export dir (stage 4's exp/<tag>/export, or a package's onnx/); serves until
        stopped (Ctrl-C / SIGTERM): POST /v1/transcriptions, POST /v1/audio/transcriptions (OpenAI's
-       form), GET / (a web page), GET /health, GET /metrics. funasr_recipe/serving/app.py has the API.
+       form), GET / (a web page), GET /health, GET /metrics. funasr_recipe/serving/app.py has the API,
+       funasr_recipe/serving/cli.py the options (the program lives there, so that a package ships it).
 Writes nothing but its log.
 
   python -m local.serve --model-dir exp/tiny_sensevoice/export [--port 8000] [--precision int8]
@@ -12,62 +13,9 @@ Writes nothing but its log.
 
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
-from dataclasses import fields
-from pathlib import Path
 
-from funasr_recipe.core.cli import EXIT_BAD_INPUT, run_main
-from funasr_recipe.core.env import available_cores
-from funasr_recipe.core.log import setup_logging
-from funasr_recipe.runtime.onnx_asr import OnnxASR
-from funasr_recipe.serving.app import ServeSettings, create_app
-
-log = logging.getLogger(__name__)
-
-
-def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    int8 = args.precision == "int8"
-    for name in ("config.yaml", "am.mvn", "model_quant.onnx" if int8 else "model.onnx"):
-        if not (args.model_dir / name).is_file():
-            log.error("%s: no %s; give an export dir (stage 4's exp/<tag>/export, run ./run.sh --stage 4 "
-                      "--stop-stage 4 first) or a package's onnx/", args.model_dir, name)
-            return EXIT_BAD_INPUT
-    settings = ServeSettings(**{f.name: getattr(args, f.name) for f in fields(ServeSettings)})
-    asr = OnnxASR(args.model_dir, quantize=int8, threads=args.threads)
-    app = create_app(asr, settings, args.name)
-    log.info("serving %s (%s, %s) on http://%s:%d: max batch %d, max wait %g ms, queue %d",
-             args.model_dir, asr.family, asr.model_file.name, args.host, args.port, settings.max_batch,
-             settings.max_wait_ms, settings.queue_size)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", type=Path, required=True,
-                        help="export dir (stage 4) or a package's onnx/")
-    parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
-                        help="fp32: model.onnx; int8: model_quant.onnx")
-    parser.add_argument("--threads", type=int, default=available_cores(), help="onnxruntime threads")
-    parser.add_argument("--name", default=None, help="model name in /health and OpenAI answers "
-                        "(default: the dir's name)")
-    defaults = ServeSettings()
-    for f in fields(ServeSettings):  # every setting an option, its comment in ServeSettings
-        value = getattr(defaults, f.name)
-        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(value), default=value,
-                            help=f"default {value}")
-    args = parser.parse_args(argv)
-    setup_logging()
-    log.info("Stage 6: serving: %s -> http://%s:%d", args.model_dir, args.host, args.port)
-    return run_main(lambda: serve(args), log)
-
+from funasr_recipe.serving.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

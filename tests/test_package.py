@@ -17,8 +17,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -26,6 +28,7 @@ import soundfile as sf
 import torch
 from funasr_onnx.utils.postprocess_utils import sentence_postprocess_sentencepiece
 
+from funasr_recipe.data.tags import strip_tags
 from funasr_recipe.features.audio import load_audio
 from funasr_recipe.features.cmvn import read_am_mvn, write_am_mvn
 from funasr_recipe.features.fbank import FbankConf, FbankExtractor, resample
@@ -39,6 +42,7 @@ from local.export import main as export_main
 from local.package import main as package_main
 from tests.make_bad_kaldi_dir import DEFAULT_WAV_DIR
 from tests.test_export import FAMILIES, UNGATED_INT8, WORDS, build_model_dir
+from tests.train_fixtures import free_port
 
 N_UTTS = 8
 
@@ -144,8 +148,10 @@ def test_runtime_cli_and_arrays(exp: tuple[str, Path], data16k: Path) -> None:
     # The package's runtime/ alone (the recipe's checkout is not on the path): the files it ships are the
     # runtime entry and what it imports, found from the imports.
     runtime = exp_dir / "package" / "runtime"
-    shipped = {str(p.relative_to(runtime)) for p in runtime.rglob("*.py")}
+    shipped = {str(p.relative_to(runtime)) for p in runtime.rglob("*") if p.is_file()} - {"requirements.txt"}
     assert shipped == {str(f) for f in runtime_files()}
+    assert {"funasr_recipe/serving/cli.py", "funasr_recipe/serving/static/index.html",
+            "funasr_recipe/serving/static/app.js"} <= shipped
     assert "funasr_recipe/runtime/transcribe.py" in shipped and "funasr_recipe/model/config.py" not in shipped
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(runtime)}
     out = subprocess.run([sys.executable, "-m", "funasr_recipe.runtime.transcribe",
@@ -153,7 +159,37 @@ def test_runtime_cli_and_arrays(exp: tuple[str, Path], data16k: Path) -> None:
                          cwd=exp_dir, env=env, capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == [f"{s}\t{t}" for s, t in zip(sources[:2], asr(sources[:2]), strict=True)]
     requirements = (runtime / "requirements.txt").read_text().split()
-    assert {r.split("==")[0] for r in requirements if "==" in r} >= {"numpy", "onnxruntime", "soundfile"}
+    assert {r.split("==")[0] for r in requirements if "==" in r} >= {"numpy", "onnxruntime", "soundfile",
+                                                                     "fastapi", "uvicorn", "python-multipart"}
+
+
+def test_package_serves_over_http(exp: tuple[str, Path], data16k: Path) -> None:
+    """The HTTP service from the package's runtime/ alone, as its card says to start it."""
+    _, exp_dir = exp
+    pkg = exp_dir / "package"
+    sources, _ = _sources(data16k)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(pkg / "runtime")}
+    proc = subprocess.Popen([sys.executable, "-m", "funasr_recipe.serving.cli", "--model-dir", "onnx",
+                             "--port", str(port), "--threads", "1"], cwd=pkg, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(240):
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.25)
+        texts = [httpx.post(f"{url}/v1/transcriptions", files={"file": Path(s).read_bytes()},
+                            timeout=30).json()["text"] for s in sources[:2]]
+        assert texts == [strip_tags(t) for t in OnnxASR(pkg / "onnx", threads=1)(sources[:2])]
+        assert "<canvas" in httpx.get(url, timeout=5).text  # the web page shipped too
+        assert "transcriptions" in httpx.get(f"{url}/static/app.js", timeout=5).text
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def test_triton_configs_parse_with_tritons_schema(exp: tuple[str, Path]) -> None:

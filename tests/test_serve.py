@@ -219,6 +219,9 @@ def test_health_metrics_and_page(client: TestClient, dev: list[str]) -> None:
         assert name in after
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    for asset in ("/static/app.js", "/static/style.css"):  # what the page loads, and nothing from elsewhere
+        assert asset in page.text and client.get(asset).status_code == 200
+    assert "http://" not in page.text and "https://" not in page.text
 
 
 def test_stage_6_serves_the_model_until_stopped(trained: Path, asr: OnnxASR, dev: list[str]) -> None:
@@ -241,7 +244,13 @@ def test_stage_6_serves_the_model_until_stopped(trained: Path, asr: OnnxASR, dev
         recording = ROOT / "corpora/free-spoken-digit-dataset/recordings/7_jackson_0.wav"
         r = httpx.post(f"{url}/v1/transcriptions", files={"file": recording.open("rb")}, timeout=30)
         assert r.status_code == 200 and r.json()["text"] == split_tags(asr([str(recording)])[0])[1]
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, signal.SIGTERM)  # run.sh alone, as a scheduler stops a job: the server goes too
         _, err = proc.communicate(timeout=30)
-    assert proc.returncode != 0 and "Stage 6: HTTP service" in err
+        assert proc.returncode == 128 + signal.SIGTERM and "Stage 6: HTTP service" in err
+        assert "stopped by SIGTERM" in err
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

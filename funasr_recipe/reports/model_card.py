@@ -204,6 +204,13 @@ def usage_section(c: CardInputs) -> list[str]:
         "```bash",
         "PYTHONPATH=runtime python -m funasr_recipe.runtime.transcribe onnx a.wav b.wav [--int8] \\",
         "    [--batch-size 8] [--threads N]",
+        "```", "",
+        "As an HTTP service with a web page at http://127.0.0.1:8000/ (the recipe's stage 6: "
+        "`POST /v1/transcriptions`, OpenAI's `POST /v1/audio/transcriptions`, `/health`, `/metrics`):", "",
+        "```bash",
+        "PYTHONPATH=runtime python -m funasr_recipe.serving.cli --model-dir onnx [--port 8000] "
+        "[--precision int8]",
+        "curl -F file=@a.wav http://127.0.0.1:8000/v1/transcriptions",
         "```", "", *funasr_onnx_usage(c.family, fs), *sherpa_onnx_usage(c, fs),
         *triton_section(c),
         "With TensorRT: `./build_trt.sh [engine.plan]` runs trtexec --fp16 with the profile min/opt/max "

@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "funasr_recipe"
 RUNTIME_ENTRY = "funasr_recipe.runtime.transcribe"  # the runtime's command line; it imports the rest
+SERVER_ENTRY = "funasr_recipe.serving.cli"  # the HTTP service's command line (stage 6)
+SERVER_STATIC = Path("funasr_recipe/serving/static")  # the web page: read by the service, imported by nothing
+# FastAPI parses multipart uploads with python-multipart, which nothing imports by that name.
+UNIMPORTED_REQUIREMENTS = ("python-multipart",)
 MIN_SECONDS = 0.1  # shortest speech in the TensorRT profile
 
 
@@ -100,8 +104,10 @@ def runtime_files() -> list[Path]:
     """The recipe's files the package's runtime/ holds (repository-relative): RUNTIME_ENTRY, the modules of
     the package that the Triton python models import, and every module of the package these import, found
     from the imports, so that the copy runs without the recipe."""
-    roots = [RUNTIME_ENTRY, *sorted(m for m in imported_modules(PYTHON_MODEL) if m.startswith(PACKAGE + "."))]
-    return sorted({p.relative_to(ROOT) for m in roots for p in local_closure(ROOT, m, PACKAGE)})
+    roots = [RUNTIME_ENTRY, SERVER_ENTRY,
+             *sorted(m for m in imported_modules(PYTHON_MODEL) if m.startswith(PACKAGE + "."))]
+    modules = {p.relative_to(ROOT) for m in roots for p in local_closure(ROOT, m, PACKAGE)}
+    return sorted(modules | {p.relative_to(ROOT) for p in (ROOT / SERVER_STATIC).iterdir() if p.is_file()})
 
 
 def _normalized(name: str) -> str:
@@ -116,8 +122,8 @@ def runtime_requirements(files: list[Path]) -> list[str]:
         name, _, ver = line.partition("==")
         pins[_normalized(name)] = ver.strip()
     distributions = metadata.packages_distributions()
-    names = sorted({d for module in third_party([ROOT / f for f in files], PACKAGE)
-                    for d in distributions.get(module, [module])})
+    names = sorted({d for module in third_party([ROOT / f for f in files if f.suffix == ".py"], PACKAGE)
+                    for d in distributions.get(module, [module])} | set(UNIMPORTED_REQUIREMENTS))
     return [f"{n}=={pins[_normalized(n)]}" for n in names if _normalized(n) in pins]
 
 
@@ -128,8 +134,8 @@ def write_runtime(pkg: Path) -> list[Path]:
     for f in files:
         (pkg / "runtime" / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / f, pkg / "runtime" / f)
-    header = (f"# The recipe's tested versions of what runtime/ imports (python -m {RUNTIME_ENTRY}, and the "
-              "Triton python models).\n")
+    header = (f"# The recipe's tested versions of what runtime/ imports (python -m {RUNTIME_ENTRY}, "
+              f"python -m {SERVER_ENTRY} and the Triton python models).\n")
     (pkg / "runtime" / "requirements.txt").write_text(header + "\n".join(runtime_requirements(files)) + "\n",
                                                       encoding="utf-8")
     return files

@@ -32,6 +32,7 @@ import torch
 from fastapi import FastAPI, File, Form, HTTPException, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
 
 from funasr_recipe.features.audio import AudioError, decode_audio_bytes
 from funasr_recipe.features.fbank import mono_at_rate
@@ -43,7 +44,8 @@ from funasr_recipe.serving.metrics import ServeMetrics
 from funasr_recipe.serving.segmenter import split_at_pauses
 
 log = logging.getLogger(__name__)
-PAGE = Path(__file__).parent / "static" / "index.html"
+STATIC = Path(__file__).parent / "static"  # the web page: index.html, style.css, app.js
+PAGE = STATIC / "index.html"
 # The status of each refusal of funasr_recipe.features.audio's reasons.
 AUDIO_STATUS = {"empty_file": 400, "unreadable_audio": 415, "truncated_audio": 400, "empty_audio": 400}
 AUDIO_MESSAGE = {"empty_file": "empty upload", "unreadable_audio": "not an audio file that can be read",
@@ -189,6 +191,8 @@ def create_app(asr: OnnxASR, settings: ServeSettings | None = None, model_name: 
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)
     async def page() -> Response:
