@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,7 +21,16 @@ def start_run_sh(*args: str, stderr: Path, env: dict | None = None,
         cmd = ["bash", "-c", f'umask {umask}; exec ./run.sh "$@"', "run.sh", *args]
     with open(stderr, "w") as err:
         return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, text=True,
-                                env={**CLEAN_ENV, **(env or {})}, start_new_session=True)
+                                env={**CLEAN_ENV, **(env or {})}, start_new_session=True,
+                                preexec_fn=_terminal_signals)
+
+
+def _terminal_signals() -> None:
+    """SIGINT and SIGQUIT as a terminal delivers them. A test run started in the background by a
+    non-interactive shell (`cmd &`) inherits them ignored, and an ignored signal stays ignored in
+    every child, trap or not: the Ctrl-C fault would then test nothing (seen: run.sh ran on to rc 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def wait_for(condition, what: str, proc: subprocess.Popen | None = None, timeout: float = 600,

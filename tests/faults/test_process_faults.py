@@ -55,19 +55,8 @@ def test_ctrl_c_in_stage_0_then_rerun_gives_the_same_data(reference: Path, tmp_p
     shutil.copytree(reference / "kaldi", tmp_path / "kaldi")
     run = start_run_sh("--stage", "0", "--stop-stage", "0", *digit_args(tmp_path), stderr=tmp_path / "err")
     wait_for(lambda: (tmp_path / "data" / "log").is_dir(), "stage 0 to start", run, timeout=120, poll=0.05)
-    # Ctrl-C as a user presses it: again if the run goes on. bash ignores a SIGINT that its foreground
-    # command did not die of (it takes the command to have handled it): one that lands as bash forks
-    # the next sub-second program of stage 0 is lost (seen in CI: the run went on to rc 0).
-    for _ in range(50):
-        os.killpg(run.pid, signal.SIGINT)
-        try:
-            rc = run.wait(timeout=0.2)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    else:
-        raise AssertionError("run.sh went on through 50 SIGINTs")
-    assert rc != 0
+    os.killpg(run.pid, signal.SIGINT)
+    assert run.wait(timeout=60) != 0
     assert not (tmp_path / "data" / ".done").exists()
     res = run_sh("--stage", "0", "--stop-stage", "0", *digit_args(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
