@@ -93,9 +93,9 @@ class Engine:
                 for p, b, n, f in zip(pieces, best, lens.tolist(), feats, strict=True)]
 
     def _result(self, piece: Piece, best: np.ndarray, lfr_frames: int) -> PieceResult:
-        tags, text = split_tags(self.asr.detokenize(self.asr.parts.token_ids(best)))
+        ids = self.asr.parts.token_ids(best)
+        tags, text = split_tags(self.asr.detokenize(ids))
         if not self.ctc:
-            ids = self.asr.parts.token_ids(best)
             return PieceResult(text, tags, [Token(self.asr.detokenize.piece(i), None, None) for i in ids])
         audio_frames = max(1, len(best) - self.prompt)
         # Seconds per output frame: lfr_n fbank shifts, times the family's own subsampling.
