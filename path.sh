@@ -25,3 +25,9 @@ export MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 # NOTE: the hubs cannot be reached from most clusters' compute nodes; modelscope must not stall on
 # telemetry. Downloads happen only where the recipe asks for them.
 export MODELSCOPE_LOG_LEVEL=${MODELSCOPE_LOG_LEVEL:-40}
+# NOTE: DeepSpeed JIT-builds its CPU communication op into ~/.cache/torch_extensions, shared by every
+# venv of the machine; two venvs (another clone's, a CI run's) rebuilt it each time they alternated,
+# 1-3.5 minutes of every training start. One folder per venv.
+if [ -d "${recipe_root}/.venv" ]; then
+  export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$(readlink -f "${recipe_root}/.venv")/torch_extensions}
+fi

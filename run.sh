@@ -44,6 +44,17 @@ train_engine=deepspeed  # deepspeed (ZeRO, --ds-config) or ddp (torch Distribute
 ds_config=ds_configs/ds_stage1_bf16.json  # DeepSpeed JSON: ZeRO stage 1/2/3 in bf16, or stage 1 in fp16
 pretrained_dir=         # local copy of the config's pretrained_model (empty: ModelScope cache or download)
 decode_dir=             # extra Kaldi data dir(s) to decode and score in stage 3 (repeat the option for several)
+replay_dir=             # fine-tune: Kaldi dir(s) of general data mixed into every epoch, e.g. the old languages (repeatable)
+replay_ratio=1          # replay utterances per new one, drawn anew each epoch (with --replay-dir or --pseudo-label-dir)
+pseudo_label_dir=       # fine-tune: a Kaldi dir of audio whose transcripts are gone, labelled by the pretrained model as replay
+pseudo_min_logprob=-0.3 # pseudo-labels whose mean token log-probability is below this are left out (and counted)
+freeze=                 # fine-tune: comma-separated parameter prefixes that keep their weights (funasr's freeze_param), e.g. encoder
+adapter=none            # none, or lora: only LoRA adapters train; stage 3 merges them, so decoding and export are unchanged
+lora_rank=8             # rank of the LoRA adapters (alpha = 2 x rank)
+lora_targets=linear_q_k_v,linear_out,w_1,w_2  # linear layers that get adapters: bare names the encoder's, dotted suffixes or regexes any
+regression_dir=         # fine-tune: Kaldi dir(s) that must not get worse (per language; utt2lang if not the corpus's) (repeatable)
+max_regression=1.0      # absolute error-rate points a --regression-dir may lose before the gate fails (stage 3)
+regression_fatal=true   # true: run.sh exits 1 naming the set when the gate fails; false: it only warns
 decode_batch_size=32    # utterances per decoding batch at most (stage 3)
 strict=false            # true: stop at the first bad utterance instead of rejecting it
 allow_pipes=false       # true: accept Kaldi pipe entries ("cmd |") in wav.scp
@@ -67,16 +78,9 @@ serve_port=8000         # port of the HTTP service (stage 6)
 serve_precision=fp32    # fp32 (model.onnx) or int8 (model_quant.onnx): the model the HTTP service runs (stage 6)
 # ---- end of options
 
-options_block=$(sed -n '/^# ---- options/,/^# ---- end of options/p' "${run_sh}" | grep -E '^[a-z_]+=')
-option_names=$(sed -E 's/=.*//' <<< "${options_block}")
-help_message="Usage: $0 [options] [-- hydra overrides for the trainer]
-Options (--name value; --name-with-dashes and --name_with_underscores both work):
-$(awk '{ eq = index($0, "="); name = substr($0, 1, eq - 1); gsub(/_/, "-", name)
-         match($0, / +# /); def = substr($0, eq + 1, RSTART - eq - 1); text = substr($0, RSTART + RLENGTH)
-         printf "  --%-16s %s [default: %s]\n", name, text, def }' <<< "${options_block}")
-Node options default from NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT, then SLURM_NNODES/SLURM_NODEID.
-Everything after -- is handed to the funasr trainer verbatim, e.g. -- ++dataset_conf.batch_size=8000
-Example: $0 --stage 0 --stop-stage 0 --corpus kaldi --corpus-dir /data/my_kaldi_dirs"
+. ./local/run_lib.sh  # only functions (no command runs): sourced before path.sh, for the option helpers
+option_names=$(option_names_of "${run_sh}")
+help_message=$(options_help "${run_sh}" "$0")
 
 usage_error() { echo "${help_message}" >&2; echo >&2; echo "ERROR: $*" >&2; exit 2; }
 
@@ -92,11 +96,10 @@ while [ $# -gt 0 ]; do
   esac
   var=${name#--}; var=${var//-/_}
   grep -qx "${var}" <<< "${option_names}" || usage_error "unknown option ${name}"
-  # --decode-dir may be repeated: the dirs accumulate (as a newline-separated list: paths may hold spaces).
-  if [ "${var}" = decode_dir ] && [ -n "${decode_dir}" ]; then value=${decode_dir}$'\n'${value}; fi
+  # --decode-dir, --replay-dir, --regression-dir may be repeated: the dirs accumulate, newline-separated.
+  if [[ ${var} =~ ^(decode|replay|regression)_dir$ ]] && [ -n "${!var}" ]; then value=${!var}$'\n'${value}; fi
   printf -v "${var}" '%s' "${value}"
-  case ${var} in stage|stop_stage|node_rank) ;; decode_dir) replay_args+=(--decode-dir "${value##*$'\n'}") ;;
-    *) replay_args+=("--${var//_/-}" "${value}") ;; esac
+  case ${var} in stage|stop_stage|node_rank) ;; *) replay_args+=("--${var//_/-}" "${value##*$'\n'}") ;; esac
 done
 
 # A relative --corpus-dir means relative to where run.sh was started; everything else is relative to
@@ -114,7 +117,11 @@ for n in nj nnodes node_rank master_port metrics_port max_bad_steps serve_port; 
 [ "${node_rank}" -lt "${nnodes}" ] || usage_error "--node-rank ${node_rank} is not below --nnodes ${nnodes}"
 have_recipes=$(cd recipes && for d in */prepare.py; do printf '%s ' "${d%/prepare.py}"; done)
 [ -d "recipes/${corpus}" ] || usage_error "--corpus ${corpus}: no recipes/${corpus}/ (have: ${have_recipes})"
-for b in strict allow_pipes preflight grad_checkpoint oom_probe; do [[ ${!b} =~ ^(true|false)$ ]] || usage_error "--${b//_/-} must be true or false, got '${!b}'"; done
+for n in replay_ratio max_regression; do [[ ${!n} =~ ^[0-9]+([.][0-9]+)?$ ]] || usage_error "--${n//_/-} must be a number >= 0, got '${!n}'"; done
+[[ ${pseudo_min_logprob} =~ ^-?[0-9]+([.][0-9]+)?$ ]] || usage_error "--pseudo-min-logprob must be a number, got '${pseudo_min_logprob}'"
+[[ ${adapter} =~ ^(none|lora)$ ]] || usage_error "--adapter must be none or lora, got '${adapter}'"; [[ ${lora_rank} =~ ^[1-9][0-9]*$ ]] \
+  || usage_error "--lora-rank must be a positive integer, got '${lora_rank}'"
+for b in strict allow_pipes preflight grad_checkpoint oom_probe regression_fatal; do [[ ${!b} =~ ^(true|false)$ ]] || usage_error "--${b//_/-} must be true or false, got '${!b}'"; done
 
 if [ -z "${master_addr}" ] && [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null; then
   master_addr=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n1)
@@ -138,8 +145,10 @@ if [ "${nproc_per_node}" = auto ]; then
 fi
 [[ ${nproc_per_node} =~ ^[1-9][0-9]*$ ]] || usage_error "--nproc-per-node must be auto or a positive integer"
 
-. ./local/run_lib.sh
 trap_signals
+# The sets the fine-tune options add (set_names: the names import_dirs gives them in data/ and dump/).
+replay_sets=$(set_names replay "${replay_dir}")$([ -z "${pseudo_label_dir}" ] || set_names pseudo "${pseudo_label_dir}")
+regress_sets=$(set_names regress "${regression_dir}")
 warn_world_writable "${data_dir}" "${dump_dir}" "${exp_dir}" "$(dirname "${exp_dir}")"
 
 log "$0 ${run_args[*]}"
@@ -156,26 +165,18 @@ stage_begins() {  # n "what: inputs -> outputs" [marker the stage needs]: announ
 }
 preflight_ran=false
 run_preflight() {  # every node: do they agree with node 0, is exp/ shared, bandwidth -> exp/<tag>/preflight.json
-  local effective n
-  # The resolved options, not the command lines: a node given NNODES in its environment and one given
-  # --nnodes agree. Only the node rank and the stages may differ.
-  effective=$(for n in ${option_names}; do
-    case ${n} in stage|stop_stage|node_rank) ;; *) printf '%s=%q ' "${n}" "${!n}" ;; esac; done)
-  log "preflight with ${nnodes} node(s) at ${master_addr}:${master_port}; log in ${exp_dir}/log/preflight.node${node_rank}.log"
-  if ! python -m local.preflight --nnodes "${nnodes}" --node-rank "${node_rank}" --master-addr "${master_addr}" \
-      --master-port "${master_port}" --nproc-per-node "${nproc_per_node}" --device "${device}" \
-      --config "${config}" --ds-config "${ds_config}" --data-dir "${data_dir}" --dump-dir "${dump_dir}" \
-      --exp-dir "${exp_dir}" --options "${effective}-- ${hydra_overrides[*]}" --timeout "${wait_timeout}" \
-      2>&1 | tee "${exp_dir}/log/preflight.node${node_rank}.log" >&2; then
-    log "ERROR: preflight failed (above: which node differs, and how); fix it, or --preflight false to train anyway"
-    exit 1
-  fi
+  local n  # the resolved options, not the command lines: NNODES in one node's environment and --nnodes agree
+  preflight_node "${exp_dir}" "${node_rank}" "$(for n in ${option_names}; do case ${n} in stage|stop_stage|node_rank) ;;
+      *) printf '%s=%q ' "${n}" "${!n}" ;; esac; done)-- ${hydra_overrides[*]}" --nnodes "${nnodes}" --master-addr "${master_addr}" \
+    --master-port "${master_port}" --nproc-per-node "${nproc_per_node}" --device "${device}" --config "${config}" \
+    --ds-config "${ds_config}" --data-dir "${data_dir}" --dump-dir "${dump_dir}" --timeout "${wait_timeout}"
   preflight_ran=true
 }
 
-# Stage 0's validation options, for the corpus's sets and stage 3's --decode-dir alike (--nj first: the
+# Stage 0's validation options, for the corpus's sets and the --*-dir options' alike (--nj first: the
 # fingerprints leave it out, it changes how fast, not what).
 check_opts=(--nj "${nj}" --strict "${strict}" --allow-pipes "${allow_pipes}" --max-duration "${max_duration}")
+import_dirs() { import_kaldi_dirs "$@" "${data_dir}" "${start_dir}" "${node_rank}" "${wait_timeout}" "${check_opts[@]}"; }
 
 if [ "${stage}" -le -1 ] && [ "${stop_stage}" -ge -1 ]; then
   stage_begins -1 "preflight: code, packages, config, data, shared dirs, resources, bandwidth -> ${exp_dir}/preflight.json"
@@ -186,7 +187,14 @@ fi
 if [ "${stage}" -le 0 ] && [ "${stop_stage}" -ge 0 ]; then
   stage_begins 0 "data preparation: ${corpus} (${corpus_dir:-recipe default}) -> ${data_dir}/<set>/{data.jsonl,report.json}"
   recipe_fp=$(fingerprint -- "${corpus}" "${corpus_dir}" "${prep_opts}")
-  stage0_fp=$(fingerprint -- "${recipe_fp}" "${check_opts[@]:2}")
+  stage0_fp=$(fingerprint -- "${recipe_fp}" "${check_opts[@]:2}" ${replay_dir:+"${replay_dir}"} \
+    ${pseudo_label_dir:+"${pseudo_label_dir}" "${pseudo_min_logprob}"})  # as before for a run without them
+  if [ -n "${pseudo_label_dir}" ]; then  # every process of every node transcribes its share
+    model=$(pretrained_model) || exit 1
+    [ -n "${model}" ] || usage_error "--pseudo-label-dir needs a pretrained model to label with (--pretrained-dir)"
+    pseudo_labels "$(cd "${start_dir}" && realpath -m "${pseudo_label_dir}")" "${model}" "${data_dir}/pseudo_labels" \
+      "${nproc_per_node}" "${node_rank}" "${nnodes}" "${device}" "${decode_batch_size}" "${pseudo_min_logprob}" "${wait_timeout}"
+  fi
   if [ "${node_rank}" -ne 0 ]; then
     wait_for_node0 "${data_dir}/.done" "${stage0_fp}" "stage 0" "${wait_timeout}"
   elif is_done "${data_dir}/.done" "${stage0_fp}" && python -m local.marker sources check "${data_dir}" 2>/dev/null; then
@@ -208,7 +216,9 @@ if [ "${stage}" -le 0 ] && [ "${stop_stage}" -ge 0 ]; then
       validate_set "${data_dir}/${set}" "${data_dir}" \
         "$(set_fingerprint "${data_dir}/${set}" "${data_dir}" "${stage0_fp}")" "${check_opts[@]}"
     done
-    python -m local.prepare_data --overlap --data-dir "${data_dir}" --sets "$(corpus_field sets)" --strict "${strict}"
+    import_dirs --replay-dir replay "${replay_dir}"
+    [ -z "${pseudo_label_dir}" ] || import_dirs --pseudo-label-dir pseudo "${data_dir}/pseudo_labels/$(basename "${pseudo_label_dir}")"
+    python -m local.prepare_data --overlap --data-dir "${data_dir}" --sets "$(corpus_field sets) ${replay_sets}" --strict "${strict}"
     mark_done "${data_dir}/.done" "${stage0_fp}"
   fi
 fi
@@ -216,7 +226,7 @@ fi
 if [ "${stage}" -le 1 ] && [ "${stop_stage}" -ge 1 ]; then
   stage_begins 1 "fbank features, CMVN, tokenizer: ${data_dir}/<set>/data.jsonl -> ${dump_dir}/<set>/" \
     "${data_dir}/.done"
-  fbank_opts=(--config "${config}" --data-dir "${data_dir}" --dump-dir "${dump_dir}" --sets "$(corpus_field sets)"
+  fbank_opts=(--config "${config}" --data-dir "${data_dir}" --dump-dir "${dump_dir}" --sets "$(corpus_field sets) ${replay_sets}"
     --train-set "$(corpus_field train_set)" --speed-perturb "${speed_perturb}" --shard-size "${shard_size}"
     --strict "${strict}")
   stage1_fp=$(fingerprint --markers "${data_dir}/.done" --contents "${config}" "${data_dir}/.sources.tsv" \
@@ -250,8 +260,13 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
     --train-set "$(corpus_field train_set)" --valid-set "$(corpus_field valid_set)"
     --feats-type "${feats_type}" --train-engine "${train_engine}" --ds-config "${ds_config}" --device "${device}"
     --strict "${strict}")
+  # The fine-tune's safeguards only when asked for: a run without them keeps the fingerprint it had.
+  [ -z "${replay_sets}" ] || train_opts+=(--replay-sets "${replay_sets}" --replay-ratio "${replay_ratio}")
+  [ -z "${freeze}" ] || train_opts+=(--freeze "${freeze}")
+  [ "${adapter}" = none ] || train_opts+=(--adapter "${adapter}" --lora-rank "${lora_rank}" --lora-targets "${lora_targets}")
   # Each node resolves the pretrained model itself (a hub download lands in the node's own cache).
   pretrained=$(pretrained_model) || exit 1
+  [ -n "${pretrained}" ] || [ "${adapter}${replay_sets}" = none ] || usage_error "--adapter lora and replay need a pretrained model (--pretrained-dir)"
   [ -n "${pretrained}" ] && { train_opts+=(--pretrained-dir "${pretrained}"); log "fine-tuning ${pretrained}"; }
   stage2_fp=$(fingerprint --markers "${dump_dir}/.done" --contents "${config}" "${ds_config}" -- "${train_opts[@]}" \
     "${nnodes}" "${nproc_per_node}" "${hydra_overrides[@]}")
@@ -313,26 +328,19 @@ if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
     python -m local.average --exp-dir "${exp_dir}" --final-dir "${exp_dir}/final" 2>&1 | tee "${exp_dir}/log/average.log" >&2
     mark_done "${exp_dir}/final/.done" "${stage3_fp}"
   fi
-  # The recipe's test sets, then every --decode-dir, validated like a stage-0 set into data/extra_<name>.
-  test_sets=$(corpus_field test_sets)
-  while IFS= read -r dir; do
-    [ -n "${dir}" ] || continue
-    [[ ${dir} = /* ]] || dir=$(cd "${start_dir}" && realpath -m "${dir}")
-    if [ ! -f "${dir}/wav.scp" ] || [ ! -f "${dir}/text" ]; then
-      log "ERROR: --decode-dir ${dir} needs wav.scp and text"; exit 1
-    fi
-    set=extra_$(basename "${dir}"); test_sets+=" ${set}"
-    set_fp=$(set_fingerprint "${dir}" "${data_dir}" "${dir}" "${check_opts[@]:2}")
-    if [ "${node_rank}" -ne 0 ]; then
-      wait_for_node0 "${data_dir}/${set}/.done" "${set_fp}" "validating ${dir}" "${wait_timeout}"; continue
-    fi
-    copy_kaldi_dir "${dir}" "${data_dir}/${set}"
-    validate_set "${data_dir}/${set}" "${data_dir}" "${set_fp}" "${check_opts[@]}"
-  done <<< "${decode_dir}"
+  # The recipe's test sets, then every --decode-dir and --regression-dir, validated like a stage-0 set.
+  import_dirs --decode-dir extra "${decode_dir}"
+  import_dirs --regression-dir regress "${regression_dir}"
+  test_sets="$(corpus_field test_sets) $(set_names extra "${decode_dir}")${regress_sets}"
   # The averaged model, and the pretrained one it was fine-tuned from, so that RESULTS shows both.
   models=("final:${exp_dir}/final")
   pretrained=$(pretrained_model) || exit 1
   [ -n "${pretrained}" ] && models+=("pretrained:${pretrained}")
+  if [ -n "${regress_sets}" ]; then  # before hours of decoding: a set in a language the model never learnt is a mistake
+    [ -n "${pretrained}" ] || usage_error "--regression-dir compares a fine-tune with the model it started from: give --pretrained-dir"
+    mapfile -t jsonls < <(for s in ${regress_sets}; do echo "${data_dir}/${s}/data.jsonl"; done)
+    [ "${node_rank}" -ne 0 ] || python -m local.regression check --model-dir "${pretrained}" --data-jsonl "${jsonls[@]}" || exit 1
+  fi
   world=$((nnodes * nproc_per_node))
   for entry in "${models[@]}"; do
     kind=${entry%%:*}; model=${entry#*:}
@@ -341,22 +349,18 @@ if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
       out=${exp_dir}/decode_${set}; ${is_pretrained} && out+=_pretrained
       decode_fp=$(fingerprint --contents "${data_dir}/${set}/data.jsonl" -- "${stage3_fp}" "${model}" "${world}")
       if is_done "${out}/.done" "${decode_fp}"; then log "${out} is scored; skipping"; continue; fi
-      mkdir -p "${out}/log"
-      log "decoding ${data_dir}/${set} with ${model}: ${world} processes; logs in ${out}/log/decode.<rank>.log"
-      decode_opts=(--model-dir "${model}" --data-jsonl "${data_dir}/${set}/data.jsonl" --out "${out}"
-        --world-size "${world}")
-      run_node_procs "${nproc_per_node}" "${node_rank}" "${out}/log/decode" python -m local.decode work \
-        "${decode_opts[@]}" --device "${device}" --batch-size "${decode_batch_size}" || exit 1
-      [ "${node_rank}" -eq 0 ] || continue  # node 0 merges and scores
-      python -m local.decode merge "${decode_opts[@]}" --tag "${tag}" --pretrained "${is_pretrained}" \
-        --set-name "${set}" --wait-timeout "${wait_timeout}" 2>&1 | tee "${out}/log/merge.log" >&2
-      python -m local.score --dir "${out}" 2>&1 | tee "${out}/log/score.log" >&2
-      mark_done "${out}/.done" "${decode_fp}"
+      decode_and_score "${model}" "${data_dir}/${set}/data.jsonl" "${out}" "${is_pretrained}" "${tag}" "${nproc_per_node}" \
+        "${node_rank}" "${nnodes}" "${device}" "${decode_batch_size}" "${wait_timeout}"
+      [ "${node_rank}" -ne 0 ] || mark_done "${out}/.done" "${decode_fp}"
     done
   done
   if [ "${node_rank}" -eq 0 ]; then
+    gate_rc=0; [ -n "${regress_sets}" ] || rm -f "${exp_dir}"/regression.{json,md}  # no stale gate in RESULTS.md
+    [ -z "${regress_sets}" ] || python -m local.regression gate --exp-dir "${exp_dir}" --sets "${regress_sets}" \
+      --max-regression "${max_regression}" --fatal "${regression_fatal}" 2>&1 | tee "${exp_dir}/log/regression.log" >&2 || gate_rc=1
     python -m local.results_md --exp-dir "${exp_dir}" --out "${exp_dir}/RESULTS.md"
     log "${exp_dir}/RESULTS.md:"; cat "${exp_dir}/RESULTS.md" >&2
+    [ "${gate_rc}" -eq 0 ] || { log "ERROR: the regression gate failed (above and in ${exp_dir}/regression.json); --regression-fatal false only warns"; exit 1; }
   fi
 fi
 
@@ -391,10 +395,6 @@ if [ "${stage}" -le 6 ] && [ "${stop_stage}" -ge 6 ] && [ "${node_rank}" -eq 0 ]
 fi
 
 if [ "${node_rank}" -eq 0 ] && [ "${stop_stage}" -ge 3 ] && [ -f "${data_dir}/corpus.json" ]; then
-  for f in RESULTS.md curves.png export/parity.json package.tar.gz benchmark.md; do
-    if [ -e "${exp_dir}/${f}" ]; then log "  ${exp_dir}/${f}"; fi
-  done
-  result=${exp_dir}/decode_$(corpus_field valid_set)/result.json
-  if [ -f "${result}" ]; then log "$(python -m local.results_md --headline "${result}")"; fi
+  summarize_outputs "${exp_dir}" "${exp_dir}/decode_$(corpus_field valid_set)/result.json"
 fi
 log "Successfully finished stages ${stage}-${stop_stage} in ${SECONDS}s"

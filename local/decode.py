@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import env_rank, run_main, str2bool
+from funasr_recipe.core.cli import add_shard_work_options, check_shard_work_options, run_main, str2bool
 from funasr_recipe.core.jsonl import read_jsonl
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done
@@ -67,31 +66,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("mode", choices=("work", "merge"))
     parser.add_argument("--data-jsonl", type=Path, required=True, help="stage 0's data/<set>/data.jsonl")
     parser.add_argument("--out", type=Path, required=True, help="decode dir, e.g. exp/<tag>/decode_<set>")
-    parser.add_argument("--world-size", type=int, default=1, help="processes of all nodes together")
+    add_shard_work_options(parser)
     parser.add_argument("--model-dir", type=Path,
                         help="model dir in the hub's layout (work; merge: names the model)")
-    parser.add_argument("--rank", type=int, default=env_rank(),
-                        help="work: global rank, 0..world-size-1 (default: $RANK)")
-    parser.add_argument("--device", default="cpu",
-                        help="work: cpu, cuda (the node's GPU number $LOCAL_RANK) or cuda:<i>")
-    parser.add_argument("--batch-size", type=int, default=32, help="work: utterances per batch at most")
-    parser.add_argument("--batch-frames", type=int, default=30000,
-                        help="work: padded 10 ms frames per batch at most (longest x utterances)")
     parser.add_argument("--tag", default="model", help="merge: the experiment's tag, first word of the name")
     parser.add_argument("--pretrained", type=str2bool, default=False,
                         help="merge: the model is the one fine-tuned from (named 'pretrained <dir>')")
     parser.add_argument("--model-name", help="merge: the model's name in the results (default: from "
                         "--model-dir, --tag and --pretrained)")
     parser.add_argument("--set-name", help="merge: the set's name in the results (default: its folder)")
-    parser.add_argument("--wait-timeout", type=float, default=7200, help="merge: seconds to wait for ranks")
     args = parser.parse_args(argv)
     setup_logging()
     if args.model_dir is None and (args.mode == "work" or args.model_name is None):
         parser.error(f"{args.mode} needs --model-dir" + ("" if args.mode == "work" else " or --model-name"))
-    if args.device == "cuda":
-        args.device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
-    if not 0 <= args.rank < args.world_size:
-        parser.error(f"--rank {args.rank} is not in 0..{args.world_size - 1}")
+    check_shard_work_options(parser, args)
     return run_main(lambda: work(args) if args.mode == "work" else merge(args), log)
 
 

@@ -1,6 +1,25 @@
-# Helpers of run.sh's stage bodies, sourced by run.sh after option parsing and path.sh. Every input is
-# an argument; the one thing they take from run.sh is its log() (which stamps the node).
+# Helpers of run.sh's option parsing and stage bodies, sourced by run.sh before it parses its options:
+# only function definitions. Every input is an argument; the one thing they take from run.sh is its log()
+# (which stamps the node).
 # shellcheck shell=bash
+
+# --- options: run.sh's "# ---- options" block, every option a commented variable (ESPnet's convention)
+option_lines() {  # run_sh: the block's assignment lines
+  sed -n '/^# ---- options/,/^# ---- end of options/p' "$1" | grep -E '^[a-z_]+='
+}
+option_names_of() {  # run_sh: the option variables' names, one per line
+  option_lines "$1" | sed -E 's/=.*//'
+}
+options_help() {  # run_sh program: the --help text, each option with its comment and default
+  echo "Usage: $2 [options] [-- hydra overrides for the trainer]
+Options (--name value; --name-with-dashes and --name_with_underscores both work):
+$(option_lines "$1" | awk '{ eq = index($0, "="); name = substr($0, 1, eq - 1); gsub(/_/, "-", name)
+         match($0, / +# /); def = substr($0, eq + 1, RSTART - eq - 1); text = substr($0, RSTART + RLENGTH)
+         printf "  --%-16s %s [default: %s]\n", name, text, def }')
+Node options default from NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT, then SLURM_NNODES/SLURM_NODEID.
+Everything after -- is handed to the funasr trainer verbatim, e.g. -- ++dataset_conf.batch_size=8000
+Example: $2 --stage 0 --stop-stage 0 --corpus kaldi --corpus-dir /data/my_kaldi_dirs"
+}
 
 # --- markers: the one marker system (funasr_recipe/dist/markers.py), also used by the Python stages.
 # A marker's first line is the fingerprint of what produced the work: a rerun with other inputs redoes
@@ -64,6 +83,27 @@ copy_kaldi_dir() {  # src dst: the Kaldi tables of src into dst, rewriting only 
   done
 }
 
+import_kaldi_dirs() {  # option prefix dirs data_dir start_dir node_rank timeout check_opt...: every Kaldi dir of
+  # the newline-separated list validated like a stage-0 set into data_dir/<prefix>_<name> by node 0 (the
+  # other nodes wait for it); a relative dir is relative to start_dir
+  local option=$1 prefix=$2 dirs=$3 data_dir=$4 start=$5 node=$6 timeout=$7 dir set fp
+  shift 7
+  while IFS= read -r dir; do
+    [ -n "${dir}" ] || continue
+    [[ ${dir} = /* ]] || dir=$(cd "${start}" && realpath -m "${dir}")
+    if [ ! -f "${dir}/wav.scp" ] || [ ! -f "${dir}/text" ]; then log "ERROR: ${option} ${dir} needs wav.scp and text"; exit 1; fi
+    set=${prefix}_$(basename "${dir}")
+    fp=$(set_fingerprint "${dir}" "${data_dir}" "${dir}" "${@:3}")  # not --nj: it changes how fast, not what
+    if [ "${node}" -ne 0 ]; then wait_for_node0 "${data_dir}/${set}/.done" "${fp}" "validating ${dir}" "${timeout}"; continue; fi
+    copy_kaldi_dir "${dir}" "${data_dir}/${set}"
+    validate_set "${data_dir}/${set}" "${data_dir}" "${fp}" "$@"
+  done <<< "${dirs}"
+}
+set_names() {  # prefix dirs: the names import_kaldi_dirs gives the newline-separated dirs, each followed by a space
+  local dir
+  while IFS= read -r dir; do [ -z "${dir}" ] || printf '%s ' "$1_$(basename "${dir}")"; done <<< "$2"
+}
+
 # --- processes and launches -------------------------------------------------------------------------
 trap_signals() {  # [command]: on INT/TERM/HUP run the command, stop run.sh's other children (a stage's
   # processes), then exit 128+signal. Without a trap, a Ctrl-C that hits a Python child (which exits 1
@@ -110,6 +150,49 @@ train_on_node() {  # log nodes_dir fingerprint node_rank command...: the command
   [ "${rc}" -eq 0 ] && ok=true
   python -m local.marker node outcome "${nodes}" "${fp}" --node-rank "${node}" --ok "${ok}"
   return "${rc}"
+}
+# --- stage 0's pseudo-labels and stage 3's decoding: every process of every node, node 0 merges ------
+pseudo_labels() {  # dir model out_root nproc node_rank nnodes device batch min_logprob timeout: the audio of
+  # dir/wav.scp transcribed by model (SenseVoice's tags kept) -> out_root/<name>/, a Kaldi dir with text
+  local dir=$1 model=$2 out nproc=$4 node=$5 world=$(($4 * $6))
+  out=$3/$(basename "$1")
+  [ -f "${dir}/wav.scp" ] || { log "ERROR: --pseudo-label-dir ${dir}: no wav.scp"; exit 1; }
+  mkdir -p "${out}.decode/log"
+  log "pseudo-labelling ${dir} with ${model}: ${world} processes; logs in ${out}.decode/log/work.<rank>.log"
+  run_node_procs "${nproc}" "${node}" "${out}.decode/log/work" python -m local.pseudo_label work --model-dir "${model}" \
+    --wav-scp "${dir}/wav.scp" --out "${out}.decode" --world-size "${world}" --device "$7" --batch-size "$8" || exit 1
+  [ "${node}" -eq 0 ] || return 0
+  python -m local.pseudo_label merge --wav-scp "${dir}/wav.scp" --out "${out}.decode" --world-size "${world}" \
+    --min-logprob "$9" --dest "${out}" \
+    --wait-timeout "${10}" 2>&1 | tee "${out}.decode/log/merge.log" >&2
+}
+decode_and_score() {  # model data_jsonl out pretrained tag nproc node_rank nnodes device batch timeout: one set
+  # decoded by one model into out/ (work on every process, then merge and score on node 0)
+  local model=$1 out=$3 nproc=$6 node=$7 opts
+  opts=(--model-dir "${model}" --data-jsonl "$2" --out "${out}" --world-size $(($6 * $8)))
+  mkdir -p "${out}/log"
+  log "decoding $2 with ${model}: $(($6 * $8)) processes; logs in ${out}/log/decode.<rank>.log"
+  run_node_procs "${nproc}" "${node}" "${out}/log/decode" python -m local.decode work "${opts[@]}" --device "$9" \
+    --batch-size "${10}" || exit 1
+  [ "${node}" -eq 0 ] || return 0  # node 0 merges and scores
+  python -m local.decode merge "${opts[@]}" --tag "$5" --pretrained "$4" --set-name "$(basename "$(dirname "$2")")" \
+    --wait-timeout "${11}" 2>&1 | tee "${out}/log/merge.log" >&2
+  python -m local.score --dir "${out}" 2>&1 | tee "${out}/log/score.log" >&2
+}
+preflight_node() {  # exp_dir node_rank options preflight_option...: local/preflight.py on this node, or exit 1
+  local log_file=$1/log/preflight.node$2.log
+  log "preflight of this node against node 0; log in ${log_file}"
+  if ! python -m local.preflight --exp-dir "$1" --node-rank "$2" --options "$3" "${@:4}" 2>&1 | tee "${log_file}" >&2; then
+    log "ERROR: preflight failed (above: which node differs, and how); fix it, or --preflight false to train anyway"
+    exit 1
+  fi
+}
+summarize_outputs() {  # exp_dir result_json: the run's reports that exist, and the headline error rate
+  local f
+  for f in RESULTS.md curves.png export/parity.json package.tar.gz benchmark.md; do
+    if [ -e "$1/${f}" ]; then log "  $1/${f}"; fi
+  done
+  if [ -f "$2" ]; then log "$(python -m local.results_md --headline "$2")"; fi
 }
 comm_applied=false
 apply_comm_profile() {  # profile socket_ifname: the profile's NCCL/torch.distributed variables (the user's

@@ -24,8 +24,17 @@ from pathlib import Path
 from funasr_recipe.core.cli import run_main, split_overrides, str2bool
 from funasr_recipe.core.lifetime import die_with_parent
 from funasr_recipe.core.log import setup_logging
-from funasr_recipe.model.trainer import TrainSetup, hydra_argv, register_recipe_classes, run_trainer
-from funasr_recipe.train import checkpoint_io, lr_schedule, skipped
+from funasr_recipe.data import replay
+from funasr_recipe.model import funasr_cpu_patch
+from funasr_recipe.model.adapters import DEFAULT_TARGETS
+from funasr_recipe.model.trainer import (
+    TrainSetup,
+    hydra_argv,
+    register_recipe_classes,
+    replay_train_list,
+    run_trainer,
+)
+from funasr_recipe.train import checkpoint_io, finetune, lr_schedule, skipped
 from funasr_recipe.train.hooks import HookOptions, install
 
 log = logging.getLogger(__name__)
@@ -63,6 +72,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-bad-steps", type=int, default=10,
                         help="bad steps in a row (a non-finite or exploding loss, a non-finite gradient; "
                              "each is skipped) that stop training with advice (0: never stop)")
+    parser.add_argument("--freeze", default="",
+                        help="comma-separated module prefixes that do not train (funasr's freeze_param), "
+                             "e.g. encoder")
+    parser.add_argument("--adapter", choices=("none", "lora"), default="none",
+                        help="lora: train LoRA adapters only; stages 3/4 merge them into the weights")
+    parser.add_argument("--lora-rank", type=int, default=8)
+    parser.add_argument("--lora-targets", default=",".join(DEFAULT_TARGETS),
+                        help="comma-separated Linear module-name suffixes or regexes")
+    parser.add_argument("--replay-sets", default="",
+                        help="space-separated replay sets of --dump-dir (<dump-dir>/<set>/data.jsonl), mixed "
+                             "into every epoch")
+    parser.add_argument("--replay-ratio", type=float, default=1.0,
+                        help="replay utterances per new one in each epoch, drawn anew from (seed, epoch)")
     parser.add_argument("--dry-run", type=str2bool, default=False,
                         help="print the Hydra command line and exit")
     args = vars(parser.parse_args(own))
@@ -73,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
                         nproc_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
                         nnodes=max(1, int(os.environ.get("WORLD_SIZE", 1))
                                    // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    tuning = finetune.FinetuneOptions.from_cli(args["exp_dir"], args.pop("freeze"), args.pop("adapter"),
+                                               args.pop("lora_rank"), args.pop("lora_targets"))
+    if tuning.freeze:
+        overrides = [*overrides, f"++freeze_param='{','.join(tuning.freeze)}'"]
+    replay_sets = args.pop("replay_sets").split()
+    args["replay_lists"] = tuple(args["dump_dir"] / name / "data.jsonl" for name in replay_sets)
     setup = TrainSetup(**args)
     hydra_args = hydra_argv(setup, overrides)
     if dry_run:
@@ -81,11 +109,18 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()  # node and rank on the lines logged before Hydra configures logging
     lr_schedule.register()
     register_recipe_classes()  # the skipped-utterance check builds the config's tokenizer class
+    # The CPU patch before the hooks (a no-op with CUDA): its warp_model under DDP does not call the method
+    # it replaces, so hooks installed under it were skipped (memory plan, OOM probe, freezing, LoRA).
+    funasr_cpu_patch.apply()
     install(hooks)
+    finetune.install(tuning)  # after hooks.install: its warp_model hook runs first
     checkpoint_io.install()
     # Before training: every utterance funasr's filters would drop, listed in <exp-dir>/train_skipped.tsv.
     # (run_main: --strict's BadInputError is exit 2 with one line, not a traceback on every rank.)
     def check_skipped() -> None:
+        if setup.replay_lists:  # every rank writes the same bytes, atomically (and logs the counts)
+            replay.write_train_list(setup.dump_dir / setup.train_set / "data.jsonl", setup.replay_lists,
+                                    replay_train_list(setup), setup.data_dir)
         skipped.check(hydra_args, strict=setup.strict)
 
     if (rc := run_main(check_skipped, log)) != 0:

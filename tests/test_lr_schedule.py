@@ -225,3 +225,23 @@ def test_registered_in_funasr_and_built_from_conf() -> None:
     assert isinstance(sched, WarmupCosineLR)
     sched.set_total_steps(TOTAL)
     assert advance(optim, sched, 600)[600] == pytest.approx([FLOOR + (PEAK - FLOOR) / 2], rel=1e-12)
+
+
+@pytest.mark.parametrize("total", [40, 1100, 50000])
+def test_warmup_ratio_scales_the_warmup_to_the_run(total: int) -> None:
+    optim, sched = build(warmup_steps=1000, warmup_ratio=0.1)  # the config's fixed warmup is replaced
+    sched.set_total_steps(total)
+    assert sched.warmup_steps == round(0.1 * total)
+    lr = {s: lrs[0] for s, lrs in advance(optim, sched, total).items()}
+    assert lr[round(0.1 * total)] == pytest.approx(PEAK, rel=1e-12)
+    assert lr[total] == pytest.approx(FLOOR, rel=1e-12)
+    # Resumed: the state carries the scaled warmup, and the same total changes nothing.
+    optim2, resumed = build(warmup_steps=1000, warmup_ratio=0.1)
+    resumed.load_state_dict(sched.state_dict())
+    resumed.set_total_steps(total)
+    assert resumed.warmup_steps == sched.warmup_steps
+
+
+def test_warmup_ratio_outside_0_1_is_refused() -> None:
+    with pytest.raises(ValueError, match="warmup_ratio must be in"):
+        build(warmup_ratio=1.0)

@@ -17,7 +17,9 @@ OPTIONS = ("--stage", "--stop-stage", "--config", "--corpus", "--corpus-dir", "-
            "--nj", "--strict", "--allow-pipes", "--max-duration", "--prep-opts", "--wait-timeout",
            "--decode-dir", "--decode-batch-size", "--preflight", "--comm-profile", "--socket-ifname",
            "--metrics-port", "--grad-checkpoint", "--oom-probe", "--memory-limit-gib",
-           "--max-bad-steps", "--serve-host", "--serve-port", "--serve-precision")
+           "--max-bad-steps", "--serve-host", "--serve-port", "--serve-precision", "--replay-dir",
+           "--replay-ratio", "--pseudo-label-dir", "--pseudo-min-logprob", "--freeze", "--adapter",
+           "--lora-rank", "--lora-targets", "--regression-dir", "--max-regression", "--regression-fatal")
 # Node options must come from the flags in these tests, not from the CI machine's environment.
 CLEAN_ENV = {k: v for k, v in os.environ.items()
              if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("SLURM_")}
@@ -53,6 +55,12 @@ def test_help_lists_every_option() -> None:
     (["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 is not below --nnodes 2"),
     (["--corpus", "nosuch"], "--corpus nosuch: no recipes/nosuch/"),
     (["--strict", "maybe"], "--strict must be true or false"),
+    (["--adapter", "qlora"], "--adapter must be none or lora"),
+    (["--lora-rank", "0"], "--lora-rank must be a positive integer"),
+    (["--replay-ratio", "-1"], "--replay-ratio must be a number >= 0"),
+    (["--max-regression", "one"], "--max-regression must be a number >= 0"),
+    (["--pseudo-min-logprob", "low"], "--pseudo-min-logprob must be a number"),
+    (["--regression-fatal", "yes"], "--regression-fatal must be true or false"),
 ])
 def test_bad_options_print_help_and_fail(args: list[str], message: str) -> None:
     res = run_sh(*args)

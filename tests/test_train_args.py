@@ -43,3 +43,19 @@ def test_pretrained_model_needs_its_local_dir(capsys: pytest.CaptureFixture, tmp
     argv = hydra(capsys, "--pretrained-dir", str(tmp_path), "--", "++pretrained_model=iic/SenseVoiceSmall")
     assert f"++model={tmp_path}" in argv
     assert not any("cmvn_file" in a or "bpemodel" in a for a in argv)  # the model's own are kept
+
+
+def test_replay_trains_on_the_mixed_list_through_the_recipe_sampler(capsys: pytest.CaptureFixture) -> None:
+    argv = hydra(capsys, "--replay-sets", "replay_a replay_b", "--replay-ratio", "0.5")
+    assert "++train_data_set_list=/x/exp/train_replay.jsonl" in argv
+    assert "++dataset_conf.replay_list=['/x/dump/replay_a/data.jsonl','/x/dump/replay_b/data.jsonl']" in argv
+    assert "++dataset_conf.replay_ratio=0.5" in argv
+    with pytest.raises(ValueError, match="LengthBucketBatchSampler"):  # funasr's sampler would ignore it
+        hydra(capsys, "--replay-sets", "replay_a", "--", "++dataset_conf.batch_sampler=BatchSampler")
+    with pytest.raises(ValueError, match="stage-1 features"):
+        hydra(capsys, "--replay-sets", "replay_a", "--feats-type", "raw")
+
+
+def test_freeze_goes_to_funasr_freeze_param(capsys: pytest.CaptureFixture) -> None:
+    argv = hydra(capsys, "--freeze", "encoder,ctc")
+    assert "++freeze_param='encoder,ctc'" in argv  # quoted: Hydra would read a,b as a sweep

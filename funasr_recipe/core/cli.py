@@ -67,3 +67,27 @@ def str2bool(value: str) -> bool:
 def env_rank(default: int = 0) -> int:
     """This process's global rank as run.sh and torchrun set it ($RANK)."""
     return int(os.environ.get("RANK", default))
+
+
+def add_shard_work_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a program whose ``work`` mode decodes this rank's share of a set and whose ``merge``
+    gathers every rank's (local/decode.py, local/pseudo_label.py); ``check_shard_work_options`` after
+    parsing."""
+    parser.add_argument("--world-size", type=int, default=1, help="processes of all nodes together")
+    parser.add_argument("--rank", type=int, default=env_rank(),
+                        help="work: global rank, 0..world-size-1 (default: $RANK)")
+    parser.add_argument("--device", default="cpu",
+                        help="work: cpu, cuda (the node's GPU number $LOCAL_RANK) or cuda:<i>")
+    parser.add_argument("--batch-size", type=int, default=32, help="work: utterances per batch at most")
+    parser.add_argument("--batch-frames", type=int, default=30000,
+                        help="work: padded 10 ms frames per batch at most (longest x utterances)")
+    parser.add_argument("--wait-timeout", type=float, default=7200, help="merge: seconds to wait for ranks")
+
+
+def check_shard_work_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--device cuda`` made this node's GPU (``cuda:$LOCAL_RANK``); a rank outside the world is a usage
+    error."""
+    if args.device == "cuda":
+        args.device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
+    if not 0 <= args.rank < args.world_size:
+        parser.error(f"--rank {args.rank} is not in 0..{args.world_size - 1}")

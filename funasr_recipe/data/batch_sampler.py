@@ -13,14 +13,24 @@ same list; and deals them round-robin to the ranks. Select it with
 
   ./run.sh ... -- ++dataset_conf.batch_sampler=LengthBucketBatchSampler ++dataset_conf.seed=0
 
-It reads only ``dataset.get_source_len(i)`` and ``len(dataset)``, once, at construction; it writes
-nothing. The module has to be imported (``import funasr_recipe.data.batch_sampler``) before funasr builds
+Replay: with ``replay_list`` (a jsonl, or a list of them, whose ``source`` values mark the
+replay utterances of the training list, data/replay.py's write_train_list) and ``replay_ratio`` R, each
+training epoch takes every new utterance plus R x as many replay ones drawn anew for that epoch
+(data/replay.py: ReplaySelector); validation ignores both. Select it with
+
+  ./run.sh ... -- ++dataset_conf.replay_list='[dump/replay_zh/data.jsonl]' ++dataset_conf.replay_ratio=1
+
+It reads only ``dataset.get_source_len(i)`` and ``len(dataset)`` (with replay also
+``dataset.index_ds[i]["source"]`` and the replay lists), once, at construction; it writes nothing.
+The module has to be imported (``import funasr_recipe.data.batch_sampler``) before funasr builds
 the dataloader, so that the name is in the table.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +38,7 @@ import torch.distributed as dist
 from funasr.register import tables
 
 from funasr_recipe.data.batching import cut_batches, split_to_multiple
+from funasr_recipe.data.replay import ReplaySelector, replay_sources
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +72,18 @@ class BucketBatchSampler:
 
     Rank r takes batches r, r + W, r + 2W, ... of the list. ``start_step=k`` skips the first k of them,
     as funasr's sampler does when the trainer resumes in the middle of an epoch.
+
+    Replay (training only): ``replay_list`` names the jsonl(s) whose sources are replay utterances; an
+    epoch's utterances are then ReplaySelector(seed, replay_ratio)'s pick among the kept ones. funasr's
+    dataset drops lines outside its length limits, so indices are matched by source, not by position.
     """
 
     def __init__(self, dataset: Any, batch_size: int, batch_type: str = "example", shuffle: bool = True,
                  is_training: bool = True, start_step: int = 0, seed: int = 0, length_jitter: float = 0.0,
                  batch_size_sample_max: int = 200, max_token_length: int | None = None,
-                 rank: int | None = None, world_size: int | None = None) -> None:
+                 rank: int | None = None, world_size: int | None = None,
+                 replay_list: str | Path | Iterable[str | Path] | None = None,
+                 replay_ratio: float = 1.0) -> None:
         if batch_type not in ("token", "example"):
             raise ValueError(f"batch_type must be 'token' or 'example', got {batch_type!r}")
         if batch_size < 1 or batch_size_sample_max < 1:
@@ -99,6 +116,12 @@ class BucketBatchSampler:
             raise ValueError(f"no utterances to batch (dataset of {len(lengths)}, "
                              f"max_token_length {max_token_length})")
         self._warned_oversized = False
+        self.selector = None
+        if replay_list and is_training:
+            self.selector = ReplaySelector(replay_mask(dataset, replay_list), replay_ratio, self.seed)
+            if self.rank == 0:
+                log.info("replay: %d of %d training utterances are replay, ratio %g",
+                         self.selector.is_replay.sum(), len(lengths), self.selector.ratio)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose batches ``__iter__`` yields (funasr calls it before every epoch)."""
@@ -108,14 +131,15 @@ class BucketBatchSampler:
         """All ranks' batches of the current epoch, in the order they are dealt (rank r: r, r+W, ...)."""
         if self._cache is not None and self._cache[0] == self.epoch:
             return self._cache[1]
-        lengths = self.lengths[self.kept]
+        kept = self.epoch_utterances()
+        lengths = self.lengths[kept]
         if self.shuffle:
             rng = np.random.default_rng([self.seed, self.epoch])
             key = lengths * (1.0 + self.length_jitter * rng.uniform(-1.0, 1.0, len(lengths)))
             # lexsort: last key is primary; the random tiebreak reshuffles utterances of equal length.
-            order = self.kept[np.lexsort((rng.random(len(lengths)), key))]
+            order = kept[np.lexsort((rng.random(len(lengths)), key))]
         else:
-            order = self.kept[np.argsort(lengths, kind="stable")]
+            order = kept[np.argsort(lengths, kind="stable")]
         batches, oversized = cut_batches(order, self.lengths, self.batch_size, self.batch_type, self.max_utts)
         if oversized and not self._warned_oversized:
             log.warning("rank %d: %d utterances are alone over batch_size %d (%s); each is a batch of one",
@@ -130,6 +154,17 @@ class BucketBatchSampler:
             batches = batches + [batches[i % n] for i in range(w - n % w)]
         self._cache = (self.epoch, batches)
         return batches
+
+    def epoch_utterances(self) -> np.ndarray:
+        """Dataset indices of the current epoch: the kept ones, or with replay the selector's pick."""
+        if self.selector is None:
+            return self.kept
+        picked = self.selector.epoch_indices(self.epoch, self.kept)
+        if self.rank == 0:
+            n_replay = int(self.selector.is_replay[picked].sum())
+            log.info("epoch %d: %d new + %d replay utterances (ratio %g)", self.epoch, len(picked) - n_replay,
+                     n_replay, self.selector.ratio)
+        return picked
 
     def rank_batches(self) -> list[list[int]]:
         """This rank's batches of the current epoch, after skipping ``start_step``."""
@@ -150,6 +185,21 @@ class BucketBatchSampler:
         return len(self.rank_batches())
 
 
+def replay_mask(dataset: Any, replay_list: str | Path | Iterable[str | Path]) -> np.ndarray:
+    """is_replay[i] of every index of a funasr dataset: whether its source is one of the replay lists'.
+    ValueError when the dataset has no replay utterance at all (the list is not the one it was built from)."""
+    index_ds = getattr(dataset, "index_ds", None)
+    if index_ds is None:
+        raise ValueError(f"replay_list needs a funasr dataset with an index_ds, got {type(dataset).__name__}")
+    replay = replay_sources(replay_list)
+    mask = np.fromiter((index_ds[i]["source"] in replay for i in range(len(dataset))), dtype=bool,
+                       count=len(dataset))
+    if not mask.any():
+        raise ValueError(f"none of the {len(replay)} replay sources of {replay_list} is in the training set "
+                         f"of {len(dataset)} utterances: train on write_train_list's list (data/replay.py)")
+    return mask
+
+
 @tables.register("batch_sampler_classes", "LengthBucketBatchSampler")
 def length_bucket_batch_sampler(dataset: Any, **kwargs: Any) -> dict[str, Any]:
     """DataLoader keyword arguments, as funasr's ``BatchSampler`` entry returns them.
@@ -159,7 +209,8 @@ def length_bucket_batch_sampler(dataset: Any, **kwargs: Any) -> dict[str, Any]:
     length_jitter (default 0), batch_size_sample_max (200), max_token_length (only when set),
     rank / world_size (tests; torch.distributed's otherwise), and for the DataLoader num_workers (4),
     pin_memory (True), persistent_workers (True), prefetch_factor (2) with funasr's defaults.
-    sort_size is accepted and ignored: the whole set is one bucket list.
+    sort_size is accepted and ignored: the whole set is one bucket list. replay_list and replay_ratio
+    (default 1) turn replay on for training (class docstring).
     """
     sampler = BucketBatchSampler(
         dataset,
@@ -174,6 +225,8 @@ def length_bucket_batch_sampler(dataset: Any, **kwargs: Any) -> dict[str, Any]:
         max_token_length=kwargs.get("max_token_length"),
         rank=kwargs.get("rank"),
         world_size=kwargs.get("world_size", kwargs.get("num_replicas")),
+        replay_list=kwargs.get("replay_list"),
+        replay_ratio=float(kwargs.get("replay_ratio", 1.0)),
     )
     args: dict[str, Any] = {"batch_sampler": sampler, "num_workers": kwargs.get("num_workers", 4),
                             "pin_memory": kwargs.get("pin_memory", True)}

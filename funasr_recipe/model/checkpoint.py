@@ -141,10 +141,13 @@ def select_best(losses: dict[str, float], num: int, exp_dir: Path) -> list[str]:
 
 def average_fp32(exp_dir: Path, names: list[str]) -> dict[str, torch.Tensor]:
     """Element-wise mean of the checkpoints' fp32 weights (accumulated in fp64); integer tensors
-    (BatchNorm's num_batches_tracked) are taken from the first, the best."""
+    (BatchNorm's num_batches_tracked) are taken from the first, the best. Each checkpoint of a run with
+    LoRA adapters is merged first: the mean of B A over checkpoints is not mean(B) mean(A)."""
+    from funasr_recipe.model.adapters import finish_state_dict  # it imports this module
+
     total: dict[str, torch.Tensor] = {}
     for i, name in enumerate(names):
-        state = fp32_state_dict(exp_dir, name)
+        state = finish_state_dict(exp_dir, fp32_state_dict(exp_dir, name))
         if i == 0:
             total = {k: v.double() if v.is_floating_point() else v.clone() for k, v in state.items()}
             continue

@@ -2,6 +2,7 @@
 
 Reads  <exp-dir>/config.yaml (funasr's resolved config) and a checkpoint of <exp-dir>: a DeepSpeed
        checkpoint dir (its fp32 master weights, through DeepSpeed's zero_to_fp32) or a state-dict file;
+       with <exp-dir>/adapter.json, the run's frozen fp32 weights and LoRA adapters (model/adapters.py);
        the am.mvn and tokenizer files the config points at;
 writes <out>/{model.pt (fp32 state dict), config.yaml (file names relative to <out>), am.mvn,
        the tokenizer model, tokens.json, configuration.json}: the layout of ModelScope's
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from funasr_recipe.model.adapters import finish_state_dict
 from funasr_recipe.model.checkpoint import fp32_state_dict
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,8 @@ def make_model_dir(exp_dir: Path, checkpoint: str, out: Path, info: dict | None 
     """Write ``out`` from ``exp_dir``; returns it. ``info`` goes into configuration.json's "recipe"."""
     cfg = OmegaConf.load(exp_dir / "config.yaml")
     out.mkdir(parents=True, exist_ok=True)
-    torch.save(fp32_state_dict(exp_dir, checkpoint), out / "model.pt")
+    # A run with frozen parameters or LoRA adapters: its fp32 frozen copies, the adapters merged.
+    torch.save(finish_state_dict(exp_dir, fp32_state_dict(exp_dir, checkpoint)), out / "model.pt")
     metas: dict = {"init_param": "model.pt", "config": "config.yaml"}
     cmvn = OmegaConf.select(cfg, "frontend_conf.cmvn_file")
     if cmvn:
@@ -59,6 +62,7 @@ def make_model_dir(exp_dir: Path, checkpoint: str, out: Path, info: dict | None 
         metas["tokenizer_conf"] = {"bpemodel": Path(bpe).name}
     for key in ("train_data_set_list", "valid_data_set_list", "output_dir", "init_param"):
         cfg.pop(key, None)  # paths of this run, meaningless elsewhere
+    cfg.pop("freeze_param", None)  # this run's choice: a fine-tune of the model dir must not inherit it
     OmegaConf.save(cfg, out / "config.yaml")
     configuration = {"framework": "pytorch", "task": "auto-speech-recognition",
                      "model": {"type": "funasr"}, "pipeline": {"type": "funasr-pipeline"},

@@ -48,6 +48,14 @@ class TrainSetup:
     device: str  # cpu or cuda
     pretrained_dir: Path | None
     strict: bool = False  # an utterance stage 2 would skip (train_skipped.tsv) is fatal
+    replay_lists: tuple[Path, ...] = ()  # stage-1 data.jsonl of each replay set, mixed into every epoch
+    replay_ratio: float = 1.0  # replay utterances per new one in each epoch
+
+
+def replay_train_list(args: TrainSetup) -> Path:
+    """Where a run with replay has its training list: the new set's lines, then every replay pool's
+    (funasr_recipe/data/replay.py writes it; the sampler tells the two apart by their sources)."""
+    return args.exp_dir / "train_replay.jsonl"
 
 
 def tokenizer_file(dump_dir: Path, tag: str, kind: str) -> Path:
@@ -79,7 +87,20 @@ def hydra_argv(args: TrainSetup, overrides: list[str]) -> list[str]:
             # scaling). Keep the launcher's per-rank thread count.
             f"++ncpu={torch.get_num_threads()}"]
     source = args.dump_dir if args.feats_type == "fbank" else args.data_dir
-    argv += [f"++train_data_set_list={(source / args.train_set / 'data.jsonl').resolve()}",
+    train_list = source / args.train_set / "data.jsonl"
+    if args.replay_lists:
+        if args.feats_type != "fbank":
+            raise ValueError("replay needs stage-1 features (--feats-type fbank): the replay sets are "
+                             "featurised by stage 1 like the training set")
+        sampler = OmegaConf.select(cfg, "dataset_conf.batch_sampler")
+        if sampler != "LengthBucketBatchSampler":
+            # funasr's own samplers would take the whole list every epoch, replay pools included.
+            raise ValueError(f"replay draws its utterances in the recipe's batch sampler; {args.config} uses "
+                             f"{sampler}: add ++dataset_conf.batch_sampler=LengthBucketBatchSampler")
+        train_list = replay_train_list(args)
+        pools = ",".join(f"'{p.resolve()}'" for p in args.replay_lists)  # quoted: paths may hold spaces
+        argv += [f"++dataset_conf.replay_list=[{pools}]", f"++dataset_conf.replay_ratio={args.replay_ratio}"]
+    argv += [f"++train_data_set_list={train_list.resolve()}",
              f"++valid_data_set_list={(source / args.valid_set / 'data.jsonl').resolve()}"]
     if args.feats_type == "fbank":
         dataset = cfg.get("dataset", "AudioDataset")

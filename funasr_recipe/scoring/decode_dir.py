@@ -54,9 +54,10 @@ def error_record(rejection: Rejection) -> dict:
 
 
 def decode_shard(asr: TorchASR, items: list[tuple[int, dict]], data_jsonl: Path, out: Path, rank: int,
-                 device: str, max_utts: int, max_frames: int) -> dict:
+                 device: str, max_utts: int, max_frames: int, scored: bool = False) -> dict:
     """Decode one rank's (line, manifest entry) items in batches of at most ``max_utts`` utterances and
-    ``max_frames`` padded frames; write its shard jsonl and stats.json; returns the stats."""
+    ``max_frames`` padded frames; write its shard jsonl and stats.json; returns the stats. ``scored``
+    adds each hypothesis's ``logprob`` and ``n_tokens`` (TorchASR.transcribe_scored: pseudo-labels)."""
     progress = Progress(f"decode {data_jsonl.parent.name} rank {rank}", len(items), logger=log)
     audio_s = decode_s = 0.0
     with open(shard_file(out, rank, "jsonl"), "w", encoding="utf-8") as f:
@@ -73,11 +74,14 @@ def decode_shard(asr: TorchASR, items: list[tuple[int, dict]], data_jsonl: Path,
                     f.write(json.dumps(error_record(rejection), ensure_ascii=False) + "\n")
             if waves:
                 start = time.perf_counter()
-                texts = asr.transcribe(waves, keys)
+                results = (asr.transcribe_scored(waves, keys) if scored
+                           else [(text, None, None) for text in asr.transcribe(waves, keys)])
                 decode_s += time.perf_counter() - start
-                for key, wave, text in zip(keys, waves, texts, strict=True):
+                for key, wave, (text, logprob, n_tokens) in zip(keys, waves, results, strict=True):
                     audio_s += len(wave) / asr.fs
                     record = hyp_record(key, text, len(wave) / asr.fs, asr.emits_tags)
+                    if scored:
+                        record |= {"logprob": logprob, "n_tokens": n_tokens}
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
             progress.update(len(batch))
     progress.close()

@@ -4,7 +4,8 @@ Reads  <exp-dir>/decode_*/result.json (scoring/score.py: decode_<set> for the tr
        decode_<set>_pretrained for the model before fine-tuning);
 writes <exp-dir>/RESULTS.md (or --out): a header (config tag, date, versions), one table row per
        (model, set) with CER, WER, the primary error rate and its S/D/I, tag accuracies and RTF, then
-       a per-language table for each set that has more than one language.
+       a per-language table for each set that has more than one language; with
+       <exp-dir>/regression.json (scoring/regression.py), the regression gate's table.
 
 Rows are sorted by set, and within a set the pretrained model comes first, so the effect of
 fine-tuning reads off two adjacent rows.
@@ -22,6 +23,7 @@ from pathlib import Path
 from funasr_recipe.core.env import versions
 from funasr_recipe.core.fmt import pct
 from funasr_recipe.data.tags import TAG_KINDS
+from funasr_recipe.scoring.regression import regression_section
 
 
 def load_results(exp_dir: Path) -> list[tuple[Path, dict]]:
@@ -118,7 +120,8 @@ def render(exp_dir: Path, results: list[tuple[Path, dict]], now: datetime.dateti
              "zh/yue/ja, words for en/ko, CJK characters and words otherwise); S/D/I: substitutions, "
              "deletions, insertions of the primary unit",
              "- tag accuracy over the utterances whose reference and emitted tags are both known",
-             "", "## Error rates", "", *main_table(results), *notes(results), *language_tables(results)]
+             "", "## Error rates", "", *main_table(results), *notes(results), *language_tables(results),
+             *regression_section(exp_dir)]
     return "\n".join(lines) + "\n"
 
 

@@ -7,6 +7,7 @@ resumed run continues the same curve. A training config selects it with:
   scheduler: warmup_cosine
   scheduler_conf:
     warmup_steps: 25000     # linear from 0 to each param group's lr (the peak), in optimizer steps
+    warmup_ratio: 0.0       # >0: warm up for this fraction of the run's steps instead (fine-tunes)
     final_lr_ratio: 0.01    # the floor, as a fraction of the peak, reached at total_steps
     restart_patience: 0     # >0: restart the cosine after this many validations without improvement
 
@@ -40,9 +41,11 @@ class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
 
     def __init__(self, optimizer: torch.optim.Optimizer, warmup_steps: int = 25000,
                  final_lr_ratio: float = 0.01, total_steps: int = 0, restart_patience: int = 0,
-                 last_epoch: int = -1) -> None:
+                 warmup_ratio: float = 0.0, last_epoch: int = -1) -> None:
         if warmup_steps < 0:
             raise ValueError(f"{NAME}: warmup_steps must be >= 0, got {warmup_steps}")
+        if not 0.0 <= warmup_ratio < 1.0:
+            raise ValueError(f"{NAME}: warmup_ratio must be in [0, 1), got {warmup_ratio}")
         if not 0.0 <= final_lr_ratio <= 1.0:
             raise ValueError(f"{NAME}: final_lr_ratio must be in [0, 1], got {final_lr_ratio}")
         if restart_patience < 0:
@@ -51,6 +54,7 @@ class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
         # (less the optimizer) and load_state_dict() restores it, so resume needs no code of its own, and
         # plain ints/floats/None keep torch.load(weights_only=True) working.
         self.warmup_steps = int(warmup_steps)
+        self.warmup_ratio = float(warmup_ratio)
         self.final_lr_ratio = float(final_lr_ratio)
         self.restart_patience = int(restart_patience)
         self.total_steps = 0
@@ -77,6 +81,15 @@ class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
         n = int(n)
         if n == self.total_steps:
             return
+        if self.warmup_ratio and not self.total_steps and self.last_epoch <= 0:
+            # A fine-tune's length varies with its corpus by orders of magnitude: a fixed warmup of 1000
+            # steps kept a run of a few hundred utterances near zero throughout. Scaled to the run, the
+            # warmup is the same share of it whatever the corpus (set once, at the start: a resumed run
+            # keeps the curve it began with).
+            self.warmup_steps = max(1, round(self.warmup_ratio * n))
+            self.cycle_start = self.warmup_steps
+            log.info("%s: warming up for %d of the run's %d steps (warmup_ratio %g)", NAME, self.warmup_steps,
+                     n, self.warmup_ratio)
         if 0 < n <= self.warmup_steps:
             # A short fine-tune with a config's warmup for a long one: warm up for a tenth of the run
             # instead of never leaving the warmup (or stopping the run here).
