@@ -13,6 +13,9 @@ entry instead (exit 2). A set with no accepted entry fails (exit 1).
            fatal (exit 2): the same utterance in train and dev makes the dev scores look better than
            they are.
 
+--jsonl-to-kaldi: reads a data.jsonl given as a replay set; writes it as the Kaldi dir --set-dir
+           (funasr_recipe/data/replay.py), which the --set-dir mode then validates.
+
   python -m local.prepare_data --set-dir data/train --language en --nj 2
   python -m local.prepare_data --overlap --data-dir data --sets "train dev test" --strict false
 """
@@ -49,6 +52,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def convert_jsonl(jsonl: Path, set_dir: Path) -> None:
+    from funasr_recipe.data.replay import jsonl_to_kaldi
+
+    log.info("%s: %d lines written as the Kaldi dir %s", jsonl, jsonl_to_kaldi(jsonl, set_dir), set_dir)
+
+
 def run_overlap(data_dir: Path, sets: list[str], strict: bool) -> int:
     """find_overlaps, logged: INFO when no set shares an utterance, else a WARNING (BadInputError when
     strict) with the counts by kind and by pair, the file that lists them and the option."""
@@ -74,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set-dir", type=Path, help="Kaldi data dir to validate")
+    parser.add_argument("--jsonl-to-kaldi", type=Path, help="instead: write this data.jsonl as the Kaldi dir "
+                        "--set-dir")
     parser.add_argument("--overlap", action="store_true",
                         help="instead: look for utterances in two of --sets (under --data-dir)")
     parser.add_argument("--data-dir", type=Path, help="with --overlap: the dir of the sets' dirs")
@@ -95,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.set_dir is None:
         parser.error("the following arguments are required: --set-dir (or --overlap)")
     setup_logging()
+    if args.jsonl_to_kaldi is not None:
+        return run_main(lambda: convert_jsonl(args.jsonl_to_kaldi, args.set_dir), log)
     if args.overlap:
         return run_main(lambda: run_overlap(args.data_dir, sets, args.strict), log)
     return run_main(lambda: run(args), log)

@@ -55,13 +55,14 @@ warn_world_writable() {  # dir...: warn for each existing one that any user may 
 }
 
 # --- stage 0 (and stage 3's --decode-dir): validation of one Kaldi data dir --------------------------
-set_fingerprint() {  # kaldi_dir data_dir part...: its tables' bytes, the corpus's declared tags, the parts
-  local dir=$1 data_dir=$2 declared
+set_fingerprint() {  # kaldi_dir|data.jsonl data_dir part...: its tables' (or the manifest's) bytes, the
+  # corpus's declared tags, the parts
+  local dir=$1 data_dir=$2 declared tables
   shift 2
   declared=$(python -m local.corpus_info --data-dir "${data_dir}" language emotion event itn)
+  tables=("${dir}"/{wav.scp,text,utt2spk,utt2lang,utt2emo,utt2event}); [ ! -f "${dir}" ] || tables=("${dir}")
   # .sources.tsv: the audio's sizes and times, so that a replaced recording is validated again.
-  fingerprint --contents "${dir}"/{wav.scp,text,utt2spk,utt2lang,utt2emo,utt2event} "${data_dir}/.sources.tsv" \
-    -- "$@" "${declared}"
+  fingerprint --contents "${tables[@]}" "${data_dir}/.sources.tsv" -- "$@" "${declared}"
 }
 validate_set() {  # set_dir data_dir fingerprint prepare_data_option...: data.jsonl of one set, unless current
   local set_dir=$1 data_dir=$2 fp=$3 name declared
@@ -91,17 +92,27 @@ import_kaldi_dirs() {  # option prefix dirs data_dir start_dir node_rank timeout
   while IFS= read -r dir; do
     [ -n "${dir}" ] || continue
     [[ ${dir} = /* ]] || dir=$(cd "${start}" && realpath -m "${dir}")
-    if [ ! -f "${dir}/wav.scp" ] || [ ! -f "${dir}/text" ]; then log "ERROR: ${option} ${dir} needs wav.scp and text"; exit 1; fi
-    set=${prefix}_$(basename "${dir}")
+    set=${prefix}_$(set_name "${dir}")
     fp=$(set_fingerprint "${dir}" "${data_dir}" "${dir}" "${@:3}")  # not --nj: it changes how fast, not what
     if [ "${node}" -ne 0 ]; then wait_for_node0 "${data_dir}/${set}/.done" "${fp}" "validating ${dir}" "${timeout}"; continue; fi
+    if [[ ${dir} = *.jsonl ]]; then  # a manifest: written as a Kaldi dir, then validated as any
+      python -m local.prepare_data --jsonl-to-kaldi "${dir}" --set-dir "${data_dir}/jsonl_sets/${set}" || exit 1
+      dir=${data_dir}/jsonl_sets/${set}
+    fi
+    if [ ! -f "${dir}/wav.scp" ] || [ ! -f "${dir}/text" ]; then log "ERROR: ${option} ${dir} needs wav.scp and text"; exit 1; fi
     copy_kaldi_dir "${dir}" "${data_dir}/${set}"
     validate_set "${data_dir}/${set}" "${data_dir}" "${fp}" "$@"
   done <<< "${dirs}"
 }
+set_name() {  # dir: a set's name from its Kaldi dir, or from a data.jsonl's name (data.jsonl: its folder's)
+  local name
+  name=$(basename "$1" .jsonl)
+  if [ "${name}" = data ] && [[ $1 = *.jsonl ]]; then name=$(basename "$(dirname "$1")"); fi
+  echo "${name}"
+}
 set_names() {  # prefix dirs: the names import_kaldi_dirs gives the newline-separated dirs, each followed by a space
   local dir
-  while IFS= read -r dir; do [ -z "${dir}" ] || printf '%s ' "$1_$(basename "${dir}")"; done <<< "$2"
+  while IFS= read -r dir; do [ -z "${dir}" ] || printf '%s ' "$1_$(set_name "${dir}")"; done <<< "$2"
 }
 
 # --- processes and launches -------------------------------------------------------------------------

@@ -54,3 +54,24 @@ def test_replay_dir_without_text_says_so(tmp_path: Path) -> None:
     (d / "text").unlink()
     res = stage0(tmp_path, "--replay-dir", str(d))
     assert res.returncode != 0 and f"--replay-dir {d} needs wav.scp and text" in res.stderr
+
+
+def test_replay_given_as_a_data_jsonl(tmp_path: Path) -> None:
+    """A manifest (key, source, target, tags) is a replay set too: written as a Kaldi dir, then validated
+    like one (a missing audio file rejected and listed); a line without a target names file and line."""
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    lines = [{"key": f"theo-{w.stem}", "source": str(w), "target": "SEVEN", "text_language": "<|en|>"}
+             for w in WAVS[:3]]
+    lines.append({"key": "theo-gone", "source": str(tmp_path / "gone.wav"), "target": "NINE"})
+    (pool / "data.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    res = stage0(tmp_path, "--replay-dir", str(pool / "data.jsonl"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    accepted = (tmp_path / "data" / "replay_pool" / "data.jsonl").read_text().splitlines()
+    assert sorted(json.loads(x)["key"] for x in accepted) == sorted(x["key"] for x in lines[:3])
+    assert "theo-gone" in (tmp_path / "data" / "replay_pool" / "rejected.tsv").read_text()
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(lines[0]) + "\n" + json.dumps({"key": "k", "source": str(WAVS[0])}) + "\n")
+    res = stage0(tmp_path / "b", "--replay-dir", str(bad))
+    assert res.returncode != 0 and f"{bad}:2: a replay manifest line needs" in res.stderr
