@@ -40,6 +40,7 @@ nj=${ncpu}              # CPU processes per node for data preparation and featur
 speed_perturb="0.9 1.0 1.1"  # speed factors for extra training copies (stage 1); "1.0" for none
 shard_size=1000         # utterances per feature shard: the unit of work and of resumption (stage 1)
 feats_type=fbank        # fbank: train on stage-1 features; raw: funasr decodes audio every epoch
+local_cache=            # node-local dir (NVMe, /dev/shm): each node copies the shards stage 2 reads there first (empty: reads dump/)
 train_engine=deepspeed  # deepspeed (ZeRO, --ds-config) or ddp (torch DistributedDataParallel)
 ds_config=ds_configs/ds_stage1_bf16.json  # DeepSpeed JSON: ZeRO stage 1/2/3 in bf16, or stage 1 in fp16
 pretrained_dir=         # local copy of the config's pretrained_model (empty: ModelScope cache or download)
@@ -166,7 +167,7 @@ stage_begins() {  # n "what: inputs -> outputs" [marker the stage needs]: announ
 preflight_ran=false
 run_preflight() {  # every node: do they agree with node 0, is exp/ shared, bandwidth -> exp/<tag>/preflight.json
   local n  # the resolved options, not the command lines: NNODES in one node's environment and --nnodes agree
-  preflight_node "${exp_dir}" "${node_rank}" "$(for n in ${option_names}; do case ${n} in stage|stop_stage|node_rank) ;;
+  preflight_node "${exp_dir}" "${node_rank}" "$(for n in ${option_names}; do case ${n} in stage|stop_stage|node_rank|local_cache) ;;
       *) printf '%s=%q ' "${n}" "${!n}" ;; esac; done)-- ${hydra_overrides[*]}" --nnodes "${nnodes}" --master-addr "${master_addr}" \
     --master-port "${master_port}" --nproc-per-node "${nproc_per_node}" --device "${device}" --config "${config}" \
     --ds-config "${ds_config}" --data-dir "${data_dir}" --dump-dir "${dump_dir}" --timeout "${wait_timeout}"
@@ -292,6 +293,8 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
     hook_opts=(--metrics-port "${metrics_port}" --grad-checkpoint "${grad_checkpoint}" --oom-probe "${oom_probe}"
       --max-bad-steps "${max_bad_steps}")
     [ -n "${memory_limit_gib}" ] && hook_opts+=(--memory-limit-gib "${memory_limit_gib}")
+    [ -z "${local_cache}" ] || hook_opts+=(--dump-dir "$(python -m local.local_cache --cache-dir "${local_cache}" --dump-dir \
+      "${dump_dir}" --feats-type "${feats_type}" --sets "$(corpus_field train_set) $(corpus_field valid_set) ${replay_sets}")")
     nodes=${exp_dir}/.nodes
     if ! train_on_node "${train_log}" "${nodes}" "${stage2_fp}" "${node_rank}" \
         torchrun --nnodes "${nnodes}" --node-rank "${node_rank}" --master-addr "${master_addr}" \
@@ -302,15 +305,12 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
         --log "${train_log}" --master "${master_addr}:${master_port}" || true
       exit 1
     fi
-    # torchrun reports success after its exit barrier times out on a peer that left: ask the peers.
-    if [ "${nnodes}" -gt 1 ]; then
-      python -m local.marker node wait-peers "${nodes}" "${stage2_fp}" --node-rank "${node_rank}" \
-        --nnodes "${nnodes}" --timeout "${wait_timeout}" || exit 1
-    fi
+    wait_for_peers "${nodes}" "${stage2_fp}" "${node_rank}" "${nnodes}" "${wait_timeout}" || exit 1  # torchrun's "ok" is not theirs
     if [ "${node_rank}" -eq 0 ]; then
-      python -m local.plot_training "${train_log}" --out "${exp_dir}/curves" || log "WARNING: no training curves"
+      python -m local.plot_training "${train_log}" --out "${exp_dir}/curves" & plot_pid=$!  # beside the next
       # The checkpoint with the lowest validation loss as a model dir in the hub's format (fp32 weights).
       python -m local.make_model_dir --exp-dir "${exp_dir}" --checkpoint model.pt.best --out "${exp_dir}/best_model"
+      wait "${plot_pid}" || log "WARNING: no training curves"
     fi
     mark_done "${exp_dir}/.train.done" "${stage2_fp}"
   fi

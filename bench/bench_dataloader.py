@@ -1,20 +1,32 @@
-"""Benchmark what the trainer is fed: utterances/s from stage-1 features against funasr's audio path.
+"""Benchmark what the trainer is fed: seconds of audio per second, funasr's audio path against stage-1
+features, against what one H200 consumes.
 
 Reads speechocean762 from ../shared/data when it is there, else the bundled digit corpus; runs stages
-0 and 1 on it into a temporary folder (or --work-dir). Then both loaders are funasr's own
-``DataloaderMapStyle`` with the same index, batch sampler, batch size and --num-workers, over the same
-utterances (the unperturbed training copies), as the trainer builds them:
+0 and 1 on it into a temporary folder (or --work-dir, reused when its stage 1 is done). Both loaders
+are funasr's own ``DataloaderMapStyle`` with the recipe's LengthBucketBatchSampler (what the configs
+use), at GPU batch sizes, as the trainer builds them (a new DataLoader every epoch):
 
-  funasr audio path   dataset SenseVoiceCTCDataset: decode the audio (funasr's loader), resample,
-                      WavFrontend fbank + LFR + CMVN, per utterance, every epoch
-  stage-1 features    dataset FbankSenseVoiceCTCDataset (funasr_recipe/data/feats_dataset.py): read the fbank,
-                      LFR + CMVN
+  funasr audio path   SenseVoiceCTCDataset: decode the audio (soundfile, as funasr falls back to without
+                      torchcodec), WavFrontend fbank + LFR + CMVN, per utterance, every epoch
+  stage-1 features    FbankSenseVoiceCTCDataset (data/feats_dataset.py, data/feats_batch.py): each batch
+                      read, LFR-stacked, normalised and padded in one pass into a recycled shared
+                      buffer (data/shm_pool.py)
 
-Each loader runs --epochs epochs after one warm-up epoch (worker start-up excluded), once per
---num-workers value; the ratios are measured in this one run. torch uses one thread per process, as
-path.sh sets for the ranks. Without torchcodec installed (our requirements do not pull it in),
-funasr's loader falls back to soundfile after torchaudio.load raises; with torchcodec it decodes
-through FFmpeg, which the issue measured as about 30x slower for WAV.
+Stage-1 features run on the unperturbed utterances repeated so that an epoch holds at least 100
+batches (worker start-up and the prefetch it hides then weigh little); funasr's path on the same
+utterances once, at the first batch size only (its cost is per utterance), so that the whole bench
+takes a few minutes on 2 CPUs. The first batch of each epoch is not timed (worker start-up, reported
+apart). The training process takes each batch as a trainer would: to the GPU when there is one (then
+with pin_memory, funasr's default), else it reads one float of every 4 KiB page of the features, so
+that mapping a worker's shared memory is counted. x realtime per worker = seconds of audio delivered
+per second / workers (0 workers: the one process). The CPU figures (from getrusage) say what the work
+costs whatever else the machine runs; the wall figures are the target's.
+
+The H200 budget comes from the parameter count of the model that conf/sensevoice_small.yaml trains,
+built on the meta device over the released architecture (the part of its hub config.yaml that
+tests/test_configs.py holds, as no hub is reachable here): 6 FLOP per parameter per LFR frame (forward
+and backward), 100 / lfr_n LFR frames per second of audio, at 40% of 790 bf16 TFLOP/s. Then one row per
+ablation at 1 worker: what whole batches, recycled buffers and a deeper prefetch are each worth.
 
   python -m bench.bench_dataloader --out-json exp/bench_dataloader.json
 """
@@ -22,12 +34,17 @@ through FFmpeg, which the issue measured as about 30x slower for WAV.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import math
+import os
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -36,14 +53,21 @@ torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "speechocean762"
-CONFIG = ROOT / "conf" / "tiny_sensevoice.yaml"
+CONFIG = ROOT / "conf" / "tiny_sensevoice.yaml"  # stage 1's frontend and tokenizer for the bench data
+GPU_CONFIG = ROOT / "conf" / "sensevoice_small.yaml"  # the model whose consumption the budget is
+H200_BF16_FLOPS, MFU, TARGET = 790e12, 0.40, 15_000
+FUNASR, OURS = "SenseVoiceCTCDataset", "FbankSenseVoiceCTCDataset"
 
 
 def stages01(work: Path, corpus: str) -> tuple[Path, Path]:
-    """Stage 0 and stage 1 of the corpus into work/; returns (data dir, dump dir)."""
+    """Stage 0 and stage 1 of the corpus into work/; returns (data dir, dump dir) of the training set."""
     from funasr_recipe.data.validate import validate_set
 
     data, dump = work / "data", work / "dump"
+    done = work / "stages01.json"
+    if done.is_file():
+        info = json.loads(done.read_text())
+        return data / info["train_set"], dump / info["train_set"]
     args = ["--data-dir", str(data)] + (["--corpus-dir", str(SHARED)] if corpus == "speechocean762" else [])
     subprocess.run([sys.executable, "-m", f"recipes.{corpus}.prepare", *args], check=True, cwd=ROOT)
     info = json.loads((data / "corpus.json").read_text())
@@ -54,47 +78,143 @@ def stages01(work: Path, corpus: str) -> tuple[Path, Path]:
               "--", "++build_tokenizer.sp_type=bpe", "++build_tokenizer.vocab_size=500"]
     for mode in ("work", "merge"):  # stage 1 as run.sh runs it
         subprocess.run([sys.executable, "-m", "local.compute_fbank", mode, *common], check=True, cwd=ROOT)
+    done.write_text(json.dumps({"train_set": info["train_set"]}))
     return data / info["train_set"], dump / info["train_set"]
 
 
-def loader(jsonl: Path, dataset: str, dump: Path, workers: int, batch_size: int):
+def lines_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def loader(jsonl: Path, dataset: str, dump: Path, workers: int, batch_size: int, **extra: object):
+    """funasr's DataloaderMapStyle over ``jsonl`` with the recipe's sampler, as stage 2 builds it."""
     from funasr.datasets.dataloader_entry import DataloaderMapStyle
     from funasr.frontends.wav_frontend import WavFrontend
 
+    import funasr_recipe.data.batch_sampler  # noqa: F401  (registers LengthBucketBatchSampler)
     import funasr_recipe.data.feats_dataset  # noqa: F401  (registers the Fbank* datasets)
     from funasr_recipe.model.sensevoice_tokenizer import SenseVoiceTagTokenizer
 
     fe = WavFrontend(cmvn_file=str(dump / "am.mvn"), n_mels=80, frame_length=25, frame_shift=10, lfr_m=7,
                      lfr_n=6, dither=0.0)
     tok = SenseVoiceTagTokenizer(bpemodel=str(dump.parent / "tok" / "chn_jpn_yue_eng_ko_spectok.bpe.model"))
-    conf = {"index_ds": "IndexDSJsonl", "batch_sampler": "BatchSampler", "batch_type": "token",
-            "batch_size": batch_size, "shuffle": True, "num_workers": workers, "data_split_num": 1}
+    conf = {"index_ds": "IndexDSJsonl", "batch_sampler": "LengthBucketBatchSampler", "batch_type": "token",
+            "batch_size": batch_size, "shuffle": True, "seed": 0, "num_workers": workers,
+            "pin_memory": torch.cuda.is_available(), "data_split_num": 1, "max_token_length": 1 << 30,
+            **extra}
     return DataloaderMapStyle(frontend=fe, tokenizer=tok, dataset=dataset, train_data_set_list=str(jsonl),
                               valid_data_set_list=str(jsonl), dataset_conf=conf)
 
 
-def utts_per_second(entry, epochs: int) -> tuple[float, int]:
-    """Utterances per second over ``epochs`` epochs, after a warm-up epoch."""
-    count, seconds = 0, 0.0
-    for epoch in range(epochs + 1):
+def take(batch: dict) -> None:
+    """What a trainer does with a batch: to the GPU, or (no GPU) read every page of the features."""
+    speech = batch["speech"]
+    if torch.cuda.is_available():
+        speech.to("cuda", non_blocking=True)
+    else:
+        float(speech.reshape(-1)[::1024].sum())
+
+
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class Rate:
+    """One loader's measurement over its timed epochs."""
+
+    audio_s: float  # seconds of audio in the timed batches
+    wall_s: float
+    batches: int
+    start_s: float  # mean time to the first batch of an epoch (DataLoader and workers starting)
+    main_cpu_s: float  # the training process, timed batches
+    worker_cpu_s: float  # all workers, whole epochs (0 workers: the training process)
+    epoch_audio_s: float  # seconds of audio in the whole epochs
+
+    def per_worker(self, workers: int) -> float:
+        return self.audio_s / self.wall_s / max(workers, 1)
+
+    def per_worker_cpu(self) -> float:
+        return self.epoch_audio_s / self.worker_cpu_s
+
+
+def measure(entry, workers: int, epochs: int) -> Rate:
+    """Deliver ``epochs`` epochs of ``entry``'s training loader to this process, as the trainer asks."""
+    audio = wall = start = main_cpu = worker_cpu = epoch_audio = 0.0
+    batches = 0
+    for epoch in range(epochs):
+        t0, c0, w0 = time.perf_counter(), _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
         train, _ = entry.build_iter(epoch=epoch)
+        seconds = [sum(train.dataset.get_source_len(i) for i in b) / 100 for b in train.batch_sampler]
         it = iter(train)
-        first = next(it)  # worker start-up is not the loader's steady state
-        start, n = time.perf_counter(), 0
+        take(next(it))
+        t1, c1 = time.perf_counter(), _cpu(resource.RUSAGE_SELF)
+        n, batch = 0, None
         for batch in it:
-            n += batch["speech"].shape[0]
-        if epoch:
-            count, seconds = count + n, seconds + time.perf_counter() - start
-        del first
-    return count / seconds, count
+            take(batch)
+            n += 1
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t2, c2 = time.perf_counter(), _cpu(resource.RUSAGE_SELF)
+        # The DataLoader keeps persistent workers for its next iterator: dropping both joins them, and
+        # their CPU time is then in RUSAGE_CHILDREN.
+        del it, batch, train
+        gc.collect()
+        if n != len(seconds) - 1:
+            raise RuntimeError(f"the loader delivered {n + 1} batches, its sampler has {len(seconds)}")
+        start, audio, wall, batches = start + t1 - t0, audio + sum(seconds[1:]), wall + t2 - t1, batches + n
+        main_cpu += c2 - c1
+        worker_cpu += (_cpu(resource.RUSAGE_CHILDREN) - w0) if workers else c2 - c0
+        epoch_audio += sum(seconds)
+    return Rate(audio, wall, batches, start / epochs, main_cpu, worker_cpu, epoch_audio)
 
 
-def _has_torchcodec() -> bool:
-    try:
-        import torchcodec  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def h200_budget() -> tuple[float, float, float]:
+    """(seconds of audio per second one H200 consumes, parameters, LFR frames per s of audio) of the model
+    conf/sensevoice_small.yaml trains, built on the meta device over the released architecture."""
+    from tests.test_configs import build_model, resolved  # the released config.yaml's architecture
+
+    cfg, vocab = resolved(GPU_CONFIG)
+    with torch.device("meta"):
+        params = float(sum(p.numel() for p in build_model(cfg, vocab).parameters()))
+    lfr_per_s = 100.0 / int(cfg.frontend_conf.get("lfr_n", 1))
+    return MFU * H200_BF16_FLOPS / (6 * params * lfr_per_s), params, lfr_per_s
+
+
+def config_workers() -> dict[int, list[str]]:
+    """dataset_conf.num_workers of every conf/*.yaml -> the configs that set it."""
+    from omegaconf import OmegaConf
+
+    found: dict[int, list[str]] = {}
+    for path in sorted((ROOT / "conf").glob("*.yaml")):
+        workers = OmegaConf.load(path).get("dataset_conf", {}).get("num_workers")
+        if workers is not None:
+            found.setdefault(int(workers), []).append(path.name)
+    return found
+
+
+class BenchPerUtterance:
+    """Stage-1 features as they were fed before whole batches: one utterance at a time, then funasr's
+    collator (torch fetches item by item when ``__getitems__`` is None). Registered in ``main``."""
+
+    __getitems__ = None
+
+
+# Ablations at 1 worker: what each change of data/feats_batch.py and data/shm_pool.py is worth.
+ABLATIONS = {"per utterance + funasr's collator (before)": ("BenchPerUtterance", {}),
+             "whole batch, fresh shared memory": (OURS, {"reuse_batch_memory": False}),
+             "whole batch, recycled buffers (default)": (OURS, {}),
+             "whole batch, recycled buffers, prefetch_factor 4": (OURS, {"prefetch_factor": 4})}
+
+
+def row_text(batch_size: int, workers: int, funasr: Rate | None, ours: Rate, note: str = "") -> str:
+    """One line of the table: funasr's figure (when measured), ours, their ratio, start-up and CPU."""
+    theirs = f"{funasr.per_worker(workers):11,.0f}x" if funasr else f"{'':12s}"
+    ratio = f"{ours.per_worker(workers) / funasr.per_worker(workers):5.1f}x" if funasr else f"{'':6s}"
+    return (f"{batch_size:6d} {workers:7d} | {theirs} | {ours.per_worker(workers):15,.0f}x {ratio} | "
+            f"{ours.start_s:7.2f} {ours.per_worker_cpu():10,.0f}x {1e3 * ours.main_cpu_s / ours.batches:8.2f}"
+            f"{note}")
 
 
 def main() -> None:
@@ -103,36 +223,96 @@ def main() -> None:
     parser.add_argument("--corpus", choices=("speechocean762", "fsdd"),
                         default="speechocean762" if SHARED.is_dir() else "fsdd")
     parser.add_argument("--num-workers", type=int, nargs="+", default=[0, 1, 2],
-                        help="DataLoader workers (the same for both loaders), one row each")
-    parser.add_argument("--batch-size", type=int, default=6000, help="padded fbank frames per batch")
-    parser.add_argument("--epochs", type=int, default=1)
+                        help="DataLoader workers, one row each (the configs' own values are added)")
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[20000, 40000],
+                        help="padded fbank frames per batch (GPU sizes), one block of rows each; the "
+                        "ablation runs at the smallest")
+    parser.add_argument("--epochs", type=int, default=1, help="timed epochs of stage-1 features per row "
+                        "(an epoch holds at least 100 batches)")
     parser.add_argument("--work-dir", type=Path)
     parser.add_argument("--out-json", type=Path)
     args = parser.parse_args()
+    from funasr.register import tables
+
+    from funasr_recipe.data.feats_dataset import FbankSenseVoiceCTCDataset
+
+    tables.register("dataset_classes", "BenchPerUtterance")(
+        type("BenchPerUtterance", (BenchPerUtterance, FbankSenseVoiceCTCDataset), {}))
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_dataloader."))
+    began, load = time.perf_counter(), os.getloadavg()[0]
+    budget, params, lfr_per_s = h200_budget()
     data_set, dump_set = stages01(work, args.corpus)
-    originals = work / "sp1.jsonl"  # the same utterances for both: stage 1's unperturbed copies
-    originals.write_text("".join(line + "\n" for line in (dump_set / "data.jsonl").read_text().split("\n")
-                                 if line and json.loads(line)["speed"] == 1.0))
-    paths = {"SenseVoiceCTCDataset": data_set / "data.jsonl", "FbankSenseVoiceCTCDataset": originals}
-    print(f"\ncorpus {args.corpus}: utterances/s delivered by funasr's DataloaderMapStyle, batch_size "
-          f"{args.batch_size} frames, {args.epochs} epoch(s) after a warm-up")
-    print(f"{'DataLoader workers':>18s} {'funasr audio path':>18s} {'stage-1 features':>17s} {'ratio':>7s}")
-    results = []
-    for workers in args.num_workers:
-        rates = [utts_per_second(loader(paths[d], d, dump_set, workers, args.batch_size), args.epochs)[0]
-                 for d in paths]
-        results.append({"num_workers": workers, "funasr_utt_per_s": rates[0], "fbank_utt_per_s": rates[1],
-                        "ratio": rates[1] / rates[0]})
-        print(f"{workers:18d} {rates[0]:18.1f} {rates[1]:17.1f} {rates[1] / rates[0]:6.1f}x")
-    best = max(r["ratio"] for r in results)
-    print(f"\nbest ratio {best:.1f}x (target >= 10: {'ok' if best >= 10 else 'MISSED'}); "
-          f"torchcodec {'is' if _has_torchcodec() else 'is NOT'} installed, so funasr's loader "
-          + ("decodes through torchaudio.load" if _has_torchcodec()
-             else "falls back to soundfile after torchaudio.load raises"))
+    originals = [i for i in lines_of(dump_set / "data.jsonl") if i.get("speed", 1.0) == 1.0]
+    frames = sum(i["source_len"] for i in originals)
+    repeat = max(1, math.ceil(100 * max(args.batch_size) / frames))
+    ours_list = work / f"sp1_x{repeat}.jsonl"  # the same utterances as funasr's path reads, repeated
+    ours_list.write_text("".join(json.dumps(i) + "\n" for _ in range(repeat) for i in originals))
+    used = config_workers()
+    workers = sorted(set(args.num_workers) | set(used))
+
+    def run(name: str, w: int, batch_size: int, **conf: object) -> Rate:
+        if name == FUNASR:  # slow: the original utterances once
+            return measure(loader(data_set / "data.jsonl", name, dump_set, w, batch_size), w, 1)
+        return measure(loader(ours_list, name, dump_set, w, batch_size, **conf), w, args.epochs)
+
+    for name in (FUNASR, OURS):  # warm-up: page cache, lazy imports
+        run(name, 0, max(args.batch_size))
+    print(f"\ncorpus {args.corpus}: {len(originals)} utterances, {frames / 100:.0f} s of audio (stage-1 "
+          f"features: repeated {repeat}x, {args.epochs} epochs); {os.cpu_count()} CPUs, load average "
+          f"{load:.1f} at the start; torch threads 1; {'CUDA' if torch.cuda.is_available() else 'no CUDA'}")
+    print("x rt/worker = seconds of audio delivered to the training process per second / workers (0: 1)")
+    print(f"\n{'':14s} | {'funasr audio':>12s} | {'stage-1 features':>16s} {'':6s} | {'first':>7s} "
+          f"{'workers':>11s} {'main CPU':>8s}\n{'batch':>6s} {'workers':>7s} | {'x rt/worker':>12s} | "
+          f"{'x rt/worker':>16s} {'ratio':>6s} | {'batch s':>7s} {'x rt/CPU s':>11s} {'ms/batch':>8s}")
+    rows, ablations, theirs = [], [], {}
+    for batch_size in args.batch_size:
+        for w in workers:
+            if w not in theirs:  # its cost is per utterance: measured once, at the first batch size
+                theirs[w] = (batch_size, run(FUNASR, w, batch_size))
+            funasr, ours = theirs[w][1], run(OURS, w, batch_size)
+            rows.append({"batch_size": batch_size, "num_workers": w, "funasr_batch_size": theirs[w][0],
+                         "funasr": asdict(funasr),
+                         "ours": asdict(ours), "funasr_x_rt_per_worker": funasr.per_worker(w),
+                         "ours_x_rt_per_worker": ours.per_worker(w),
+                         "ours_x_rt_per_worker_cpu_s": ours.per_worker_cpu()})
+            print(row_text(batch_size, w, funasr, ours, f"  <- {', '.join(used[w])}" if w in used else ""),
+                  flush=True)
+    batch_size = min(args.batch_size)  # where a fixed cost per batch weighs most
+    print(f"\nablation, 1 worker, batch {batch_size} (stage-1 features):")
+    for what, (name, conf) in ABLATIONS.items():
+        rate = run(name, 1, batch_size, **conf)
+        ablations.append({"batch_size": batch_size, "what": what, **asdict(rate),
+                          "x_rt_per_worker": rate.per_worker(1)})
+        print(row_text(batch_size, 1, None, rate, f"  {what}"), flush=True)
+
+    print(f"\nfunasr's audio path measured at batch {args.batch_size[0]} only: its cost is per utterance "
+          "(decode, resample, fbank)")
+    print("configs' dataset_conf.num_workers: "
+          + "; ".join(f"{w}: {', '.join(names)}" for w, names in sorted(used.items())))
+    print(f"H200 budget: {params / 1e6:.1f} M parameters ({GPU_CONFIG.name} over the released architecture, "
+          f"built on the meta device) x 6 FLOP x {lfr_per_s:.1f} LFR frames/s = {6 * params * lfr_per_s:.3g} "
+          f"FLOP per s of audio; {MFU:.0%} of {H200_BF16_FLOPS / 1e12:.0f} bf16 TFLOP/s -> {budget:,.0f} "
+          "s of audio per s")
+    for r in (r for r in rows if r["num_workers"] == 1):
+        got = r["ours_x_rt_per_worker"]
+        print(f"target at batch {r['batch_size']}: >= {TARGET:,}x realtime per worker; 1 worker delivers "
+              f"{got:,.0f}x: {'met' if got >= TARGET else 'MISSED'} ({budget / got:.2f} such workers per "
+              "H200)")
+    if os.cpu_count() and max(workers) + 1 > os.cpu_count():
+        print(f"note: with more than {os.cpu_count() - 1} worker(s) the workers and the training process "
+              f"share {os.cpu_count()} CPUs: those rows measure the CPUs, not the loader")
+    print("persistent_workers: funasr's trainer builds a new DataLoader every epoch, so workers start once "
+          "per epoch whatever it says (first batch s)")
+    if not torch.cuda.is_available():
+        print("pin_memory: no CUDA here, not measured (the trainer pins only on a GPU)")
+    print(f"bench took {time.perf_counter() - began:.0f} s")
     if args.out_json:
         args.out_json.parent.mkdir(parents=True, exist_ok=True)
-        args.out_json.write_text(json.dumps({"corpus": args.corpus, "rows": results}, indent=2))
+        args.out_json.write_text(json.dumps({"corpus": args.corpus, "repeat": repeat, "epochs": args.epochs,
+                                             "load_average": load, "cpus": os.cpu_count(),
+                                             "h200_budget_audio_s_per_s": budget, "params": params,
+                                             "target": TARGET, "configs_num_workers": used, "rows": rows,
+                                             "ablations": ablations}, indent=2))
     if not args.work_dir:
         shutil.rmtree(work)
 

@@ -7,6 +7,9 @@ Reads the bundled digit corpus; runs stages 0-1 (no speed perturbation) into a t
   funasr default    --feats-type raw: funasr's SenseVoiceCTCDataset decodes the audio and computes
                     fbank in the DataLoader every step; funasr's BatchSampler; 1 process, then 2
   stage-1 features  FbankSenseVoiceCTCDataset + LengthBucketBatchSampler; 1 process, then 2
+  funasr's losses   (--losses: only these two rows) stage-1 features, 2 processes, with
+                    ``local.train --fused-losses false`` (funasr's own CTC/label-smoothing/accuracy
+                    code) against the default (funasr_recipe/model/fused_losses.py)
 
 Throughput is training utterances of the epoch / the epoch's wall time (from the log lines "Train
 epoch: 0" to "Validate epoch: 1", so start-up and validation are excluded); data waiting is the sum
@@ -43,7 +46,7 @@ def prepare(work: Path) -> None:
 
 
 def train(work: Path, name: str, nproc: int, feats: str, sampler: str, engine: str, batch: int,
-          workers: int = 1) -> dict:
+          workers: int = 1, fused: bool = True) -> dict:
     exp = work / name
     shutil.rmtree(exp, ignore_errors=True)
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
@@ -51,6 +54,7 @@ def train(work: Path, name: str, nproc: int, feats: str, sampler: str, engine: s
            "-m", "local.train", "--config", str(CONFIG), "--exp-dir", str(exp),
            "--data-dir", str(work / "data"), "--dump-dir", str(work / "dump"), "--train-set", "train",
            "--valid-set", "dev", "--feats-type", feats, "--train-engine", engine,
+           "--fused-losses", str(fused).lower(),
            "--", "++train_conf.max_epoch=1", "++train_conf.log_interval=1",
            f"++dataset_conf.batch_sampler={sampler}", f"++dataset_conf.batch_size={batch}",
            f"++dataset_conf.num_workers={workers}"]
@@ -67,6 +71,18 @@ def train(work: Path, name: str, nproc: int, feats: str, sampler: str, engine: s
             "data_wait": sum(load) / max(sum(total), 1e-9)}
 
 
+def compare_losses(work: Path, args: argparse.Namespace) -> None:
+    """Two rows of one run: funasr's loss code, then the fused one; the ratio of their epoch times."""
+    rows = {fused: train(work, f"losses_{fused}", 2, "fbank", "LengthBucketBatchSampler", args.engine,
+                         args.batch_size, args.fbank_workers, fused=fused) for fused in (False, True)}
+    for fused, r in rows.items():
+        name = "fused losses (default)" if fused else "funasr's losses (--fused-losses false)"
+        print(f"{name:40s} {r['utt_per_s']:7.1f} utt/s {r['epoch_s']:7.1f} s/epoch "
+              f"{r['steps_rank0']:4d} steps")
+    print(f"fused / funasr's: {rows[True]['utt_per_s'] / rows[False]['utt_per_s']:.2f}x utt/s (one run, "
+          f"{os.cpu_count()} cores, 2 processes)")
+
+
 def _time(line: str) -> datetime:
     return datetime.strptime(STAMP.match(line).group(1), "%Y-%m-%d %H:%M:%S,%f")
 
@@ -80,9 +96,14 @@ def main() -> None:
                         help="DataLoader workers per rank for the stage-1 rows (funasr's row keeps 1)")
     parser.add_argument("--work-dir", type=Path)
     parser.add_argument("--out-json", type=Path)
+    parser.add_argument("--losses", action="store_true",
+                        help="only funasr's losses against the fused ones (stage-1 features, 2 processes)")
     args = parser.parse_args()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_train."))
     prepare(work)
+    if args.losses:
+        compare_losses(work, args)
+        return
     raw = {n: train(work, f"raw{n}", n, "raw", "BatchSampler", args.engine, args.batch_size) for n in (1, 2)}
     fbank = {n: train(work, f"fbank{n}", n, "fbank", "LengthBucketBatchSampler", args.engine, args.batch_size,
                       args.fbank_workers) for n in (1, 2)}

@@ -11,7 +11,7 @@ Targets MISSED are a warning; exit 1 on MISSED only with --strict (a loaded mach
 training run).
 
   python -m local.bench_runtime --exp-dir exp/tiny_sensevoice --data-jsonl data/dev/data.jsonl \\
-      [--max-utts 200] [--threads 2] [--batch-sizes 1,8,32] [--repeats 1] [--strict]
+      [--max-utts 100] [--threads 2] [--batch-sizes 1,8,32] [--repeats 1] [--strict]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from funasr_recipe.core.cli import EXIT_FAILURE, run_main
 from funasr_recipe.core.env import available_cores, cpu_name, versions
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done
+from funasr_recipe.model.funasr_lazy import install as install_lazy_funasr
 from funasr_recipe.runtime.benchmark import benchmark_set, markdown, run_benchmark
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                         "benchmark.{md,json}")
     parser.add_argument("--data-jsonl", type=Path, required=True, help="stage 0's data.jsonl of a test set")
     parser.add_argument("--model-dir", type=Path, help="PyTorch model dir (default: <exp-dir>/final)")
-    parser.add_argument("--max-utts", type=int, default=200, help="first N utterances (0: all)")
+    parser.add_argument("--max-utts", type=int, default=100,
+                        help="N utterances spread over the set (0: all); bench/bench_runtime.py runs 200")
     parser.add_argument("--threads", type=int, default=available_cores(),
                         help="threads of every runtime (default: the cores this process may use)")
     parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32],
@@ -106,4 +108,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    install_lazy_funasr()  # before anything imports funasr: model/funasr_lazy.py says why
     sys.exit(main())

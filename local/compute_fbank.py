@@ -31,6 +31,8 @@ from funasr_recipe.features.dump import SetPlan, compute_shards, merge_set, plan
 from funasr_recipe.features.fbank import FbankConf
 from funasr_recipe.features.targets import ctc_frames, load_tokenizer, reject_impossible_targets
 from funasr_recipe.model import config
+from funasr_recipe.model.funasr_lazy import install as install_lazy_funasr
+from funasr_recipe.model.funasr_lazy import register_config
 from funasr_recipe.model.pretrained import resolve
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ def run(args: argparse.Namespace) -> None:
     cfg = config.load_config(args.config, args.overrides)
     conf = config.fbank_conf(cfg)
     plans = plan_sets(args.data_dir, args.dump_dir, args.sets.split(), args.train_set, args.speed_perturb,
-                      args.shard_size, conf)
+                      args.shard_size, conf, args.world_size)
     if args.mode == "work":
         compute_shards(plans, conf, args.rank, args.world_size, args.strict)
         return
@@ -83,12 +85,15 @@ def check_targets(args: argparse.Namespace, cfg: DictConfig, conf: FbankConf, pl
         log.warning("target-length check skipped: %s neither builds a tokenizer (build_tokenizer) nor "
                     "fine-tunes a pretrained model that brings one", args.config)
         return
+    # The recipe's classes, then funasr's that the config names: ctc_frames reads their defaults.
+    import funasr_recipe.model.conformer_ctc  # noqa: F401  (registers ConformerCTC)
+    import funasr_recipe.model.sensevoice_tokenizer  # noqa: F401  (a from-scratch SenseVoice's tokenizer class)
+
+    register_config(model_cfg)
     ctc = ctc_frames(model_cfg, FbankConf.from_frontend_conf(model_cfg.get("frontend_conf") or {}).lfr_n)
     if ctc is None:
         log.info("target-length check skipped: %s computes no CTC loss", model_cfg.get("model"))
         return
-    import funasr_recipe.model.sensevoice_tokenizer  # noqa: F401  (a from-scratch SenseVoice's tokenizer class)
-
     try:
         tokenizer = load_tokenizer(model_cfg)
     except Exception as e:  # the config's own problem, which stage 2 reports; the check only needs it
@@ -110,10 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-set", required=True, help="the set that is speed-perturbed and gives CMVN")
     parser.add_argument("--speed-perturb", default="1.0",
                         help="factors for the training set, e.g. '0.9 1.0 1.1'")
-    parser.add_argument("--shard-size", type=int, default=1000, help="jobs per shard (unit of resumption)")
+    parser.add_argument("--shard-size", type=int, default=1000,
+                        help="jobs per shard at most (unit of resumption); a set too small to give each "
+                             "process a shard of that size is cut into one shard per process")
     parser.add_argument("--rank", type=int, default=env_rank(),
                         help="global rank of this process (work; default: $RANK)")
-    parser.add_argument("--world-size", type=int, default=1, help="processes over all nodes")
+    parser.add_argument("--world-size", type=int, default=1,
+                        help="processes over all nodes (work and merge alike: it sets a small set's shards)")
     parser.add_argument("--strict", type=str2bool, default=False, help="stop at the first bad utterance")
     parser.add_argument("--wait-timeout", type=float, default=7200, help="merge: seconds to wait for shards")
     parser.add_argument("--tokenizer-dir", type=Path, default=Path("dump/tokenizer"))
@@ -128,4 +136,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    install_lazy_funasr()  # before anything imports funasr: model/funasr_lazy.py says why
     sys.exit(main())

@@ -15,7 +15,7 @@ on the ONNX files already in <out> (and adds sherpa-onnx's files to an export ma
 sherpa-onnx failure is recorded in parity.json and logged, not gated: it is a runtime to compare with.
 
   python -m local.export --model-dir exp/tiny_sensevoice/final --out exp/tiny_sensevoice/export \\
-      --data-jsonl data/dev/data.jsonl [--max-utts 200] [--threads 2] [--check-only]
+      --data-jsonl data/dev/data.jsonl [--max-utts 200] [--threads 2] [--parity-threads 1] [--check-only]
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ from funasr_recipe.core.fmt import pct
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.data.manifest import read_utterances
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done
+from funasr_recipe.model.funasr_lazy import install as install_lazy_funasr
 from funasr_recipe.model.model_dir import load_automodel
 from funasr_recipe.runtime.export import export_onnx, family_of, write_export_info, write_runtime_files
 from funasr_recipe.runtime.funasr_onnx_runtime import funasr_onnx_check
-from funasr_recipe.runtime.parity import MAX_INT8_WER_DELTA, MIN_IDENTICAL, check_parity
+from funasr_recipe.runtime.parity import MAX_INT8_WER_DELTA, MIN_IDENTICAL, PARITY_THREADS, check_parity
 from funasr_recipe.runtime.sherpa_onnx_export import FAMILY as SHERPA_FAMILY
 from funasr_recipe.runtime.sherpa_onnx_export import missing_sherpa_files, write_sherpa_files
 from funasr_recipe.runtime.sherpa_onnx_runtime import sherpa_check
@@ -79,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
                  ", ".join(f"{f.name} ({f.stat().st_size / 2**20:.1f} MiB)" for f in files[:2]))
         write_export_info(out, family, model_dir, files, seconds)
 
-    report = check_parity(automodel, out, utts, args.threads, args.min_identical, args.max_int8_wer_delta,
-                          desc=f"parity {args.data_jsonl.parent.name}")
+    report = check_parity(automodel, out, utts, args.parity_threads, args.min_identical,
+                          args.max_int8_wer_delta, desc=f"parity {args.data_jsonl.parent.name}")
     smoke = [u["source"] for u in utts[:RUNTIME_SMOKE_UTTS]]
     report["runtime_check"] = funasr_onnx_check(out, family, smoke, args.threads)
     report["sherpa_onnx_check"] = sherpa = sherpa_check(out, family, smoke, args.threads)
@@ -115,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-jsonl", type=Path, required=True, help="stage 0's data.jsonl of a test set")
     parser.add_argument("--max-utts", type=int, default=None, help="check the first N utterances only")
     parser.add_argument("--threads", type=int, default=available_cores(),
-                        help="torch and onnxruntime threads (default: the cores this process may use)")
+                        help="torch and onnxruntime threads of the export and of funasr-onnx's and "
+                             "sherpa-onnx's load checks (default: the cores this process may use)")
+    parser.add_argument("--parity-threads", type=int, default=PARITY_THREADS,
+                        help="threads of each side of the parity check, one utterance at a time "
+                             "(runtime/parity.py says why 1)")
     parser.add_argument("--min-identical", type=float, default=MIN_IDENTICAL,
                         help="fraction of fp32 transcripts that must equal PyTorch's")
     parser.add_argument("--max-int8-wer-delta", type=float, default=MAX_INT8_WER_DELTA,
@@ -124,12 +129,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="rerun the parity check on the ONNX files already in --out")
     args = parser.parse_args(argv)
     setup_logging()
-    if args.threads < 1:
-        parser.error("--threads must be at least 1")
+    if args.threads < 1 or args.parity_threads < 1:
+        parser.error("--threads and --parity-threads must be at least 1")
     torch.set_num_threads(args.threads)
     log.info("Stage 4: ONNX export and parity: %s + %s -> %s", args.model_dir, args.data_jsonl, args.out)
     return run_main(lambda: run(args), log)
 
 
 if __name__ == "__main__":
+    install_lazy_funasr()  # before anything imports funasr: model/funasr_lazy.py says why
     sys.exit(main())

@@ -162,6 +162,11 @@ train_on_node() {  # log nodes_dir fingerprint node_rank command...: the command
   python -m local.marker node outcome "${nodes}" "${fp}" --node-rank "${node}" --ok "${ok}"
   return "${rc}"
 }
+wait_for_peers() {  # nodes_dir fingerprint node_rank nnodes timeout: every node's outcome after torchrun, which
+  # reports success after its exit barrier times out on a peer that left: ask the peers (one node: none)
+  [ "$4" -gt 1 ] || return 0
+  python -m local.marker node wait-peers "$1" "$2" --node-rank "$3" --nnodes "$4" --timeout "$5"
+}
 # --- stage 0's pseudo-labels and stage 3's decoding: every process of every node, node 0 merges ------
 pseudo_labels() {  # dir model out_root nproc node_rank nnodes device batch min_logprob timeout: the audio of
   # dir/wav.scp transcribed by model (SenseVoice's tags kept) -> out_root/<name>/, a Kaldi dir with text

@@ -25,7 +25,7 @@ from funasr_recipe.core.cli import run_main, split_overrides, str2bool
 from funasr_recipe.core.lifetime import die_with_parent
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.data import replay
-from funasr_recipe.model import funasr_cpu_patch
+from funasr_recipe.model import funasr_cpu_patch, fused_losses
 from funasr_recipe.model.adapters import DEFAULT_TARGETS
 from funasr_recipe.model.trainer import (
     TrainSetup,
@@ -85,10 +85,14 @@ def main(argv: list[str] | None = None) -> int:
                              "into every epoch")
     parser.add_argument("--replay-ratio", type=float, default=1.0,
                         help="replay utterances per new one in each epoch, drawn anew from (seed, epoch)")
+    parser.add_argument("--fused-losses", type=str2bool, default=True,
+                        help="funasr's CTC/label-smoothing losses in fewer passes (model/fused_losses.py); "
+                             "false: funasr's own code (bench/bench_train.py compares them)")
     parser.add_argument("--dry-run", type=str2bool, default=False,
                         help="print the Hydra command line and exit")
     args = vars(parser.parse_args(own))
     dry_run = args.pop("dry_run")
+    fused = args.pop("fused_losses")
     hooks = HookOptions(metrics_port=args.pop("metrics_port"), grad_checkpoint=args.pop("grad_checkpoint"),
                         oom_probe=args.pop("oom_probe"), memory_limit_gib=args.pop("memory_limit_gib"),
                         max_bad_steps=args.pop("max_bad_steps"),
@@ -112,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     # The CPU patch before the hooks (a no-op with CUDA): its warp_model under DDP does not call the method
     # it replaces, so hooks installed under it were skipped (memory plan, OOM probe, freezing, LoRA).
     funasr_cpu_patch.apply()
+    if fused:
+        fused_losses.apply()  # the same losses in fewer passes over the 25055-wide output layer
     install(hooks)
     finetune.install(tuning)  # after hooks.install: its warp_model hook runs first
     checkpoint_io.install()

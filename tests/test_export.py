@@ -32,10 +32,11 @@ from funasr_recipe.features.fbank import FbankExtractor, resample
 from funasr_recipe.model.config import fbank_conf
 from funasr_recipe.model.model_dir import load_automodel, make_model_dir
 from funasr_recipe.model.tokenizer import build_tokenizer, model_file_name
+from funasr_recipe.runtime import parity
 from funasr_recipe.runtime.export import legacy_onnx_exporter
 from funasr_recipe.runtime.onnx_asr import OnnxASR
 from funasr_recipe.runtime.onnx_session import greedy_ctc
-from funasr_recipe.runtime.parity import check_parity
+from funasr_recipe.runtime.parity import TorchSide, check_parity
 from funasr_recipe.runtime.sherpa_onnx_export import missing_sherpa_files
 from local.export import main
 from tests.make_bad_kaldi_dir import DEFAULT_WAV_DIR
@@ -335,6 +336,27 @@ def test_too_short_clip_is_empty_on_every_side(exported: tuple[str, Path, Path, 
     assert report["identical_fraction"] == 1.0 and report["unreadable"] == []
     if family == "ConformerCTC":
         assert {e["side"] for e in report["no_output"]} == {"torch", "fp32", "int8"}
+
+
+def test_parity_by_length_reports_what_one_at_a_time_does(exported: tuple[str, Path, Path, int],
+                                                          data_jsonl: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check decodes equal-length utterances together (runtime/parity.py): its report is the one of
+    one utterance at a time (BATCH_FRAMES 1), into which no padding can enter either."""
+    family, model_dir, out, _ = exported
+    utts = read_utterances(data_jsonl)
+    utts += [{**u, "key": f"{u['key']}-again"} for u in utts]  # every length twice at least
+    automodel = load_automodel(model_dir, threads=2)
+    feats = [TorchSide(automodel).features(u["source"]) for u in utts]
+    assert len(parity.batches(feats, family)) == (len(utts) if family == "Paraformer" else
+                                                  len({f.shape[0] for f in feats}))
+    together = check_parity(automodel, out, utts)
+    monkeypatch.setattr(parity, "BATCH_FRAMES", 1)
+    alone = check_parity(automodel, out, utts)
+    for key in ("identical_fraction", "identical_fraction_int8", "wer_torch", "wer_fp32", "wer_int8",
+                "mismatches", "length_mismatches", "no_output", "pass"):
+        assert together[key] == alone[key], key
+    assert together["max_abs_logit_diff"] == pytest.approx(alone["max_abs_logit_diff"], abs=1e-5)
 
 
 def test_runtime_pipeline_keeps_order_and_short_clips(exported: tuple[str, Path, Path, int],

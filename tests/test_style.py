@@ -20,8 +20,8 @@ PACKAGE = "funasr_recipe"
 LAYERS = ("core", "dist", "cluster", "features", "data", "model", "train", "scoring", "runtime", "reports",
           "serving")
 PROGRAM_DIRS = ("local", "bench")  # every module there is a program (recipes/<corpus>/prepare.py too)
-SHELL = ("run.sh", "path.sh", "setup.sh", "local/run_lib.sh", ".ci/run", "bench/gpu_smoke.sh",
-         "slurm/run.sbatch")
+SHELL = ("run.sh", "path.sh", "setup.sh", "local/run_lib.sh", ".ci/run", "bench/gpu/prepare.sh",
+         "bench/gpu/check.sh", "slurm/run.sbatch")
 
 
 def tracked(*patterns: str) -> list[Path]:

@@ -2,9 +2,12 @@
 
 Reads  <data-dir>/<set>/data.jsonl (stage 0's manifest) and a ``FbankConf`` (the model's frontend).
 ``compute_shards`` (each rank) writes <dump-dir>/<set>/shards/NNNNN.{ark,scp,jsonl,rejected.tsv,
-stats.npz,done} for its shards: fixed runs of ``shard_size`` jobs (a job is one utterance at one speed;
-the training set gets one job per speed-perturbation factor, other sets only 1.0), shard i on rank
-i % world-size. A shard whose ``.done`` marker matches the inputs is not recomputed.
+stats.npz,done} for its shards: fixed runs of jobs (a job is one utterance at one speed; the training set
+gets one job per speed-perturbation factor, other sets only 1.0), shard i on rank i % world-size. A run
+is ``--shard-size`` jobs, or fewer for a set too small to give every process a shard of that size
+(dist/slicing.py ``shard_size_for``: 500 jobs on 2 processes make 2 shards of 250, not 1 of 500 that
+leaves rank 1 idle); such a set's shards then depend on the number of processes, and a rerun with
+another number recomputes them. A shard whose ``.done`` marker matches the inputs is not recomputed.
 ``merge_set`` (node 0) waits for all shards and writes <dump-dir>/<set>/{data.jsonl,feats.scp,
 rejected.tsv,report.json}; ``write_cmvn`` writes the training set's am.mvn (and am.lfr<m>x<n>.mvn, which
 stays valid when another config with other LFR settings rewrites am.mvn).
@@ -28,6 +31,7 @@ from array import array
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import kaldiio
 import numpy as np
@@ -35,10 +39,12 @@ import numpy as np
 from funasr_recipe.core.log import Progress
 from funasr_recipe.core.rejections import REJECTED_HEADER, Rejection
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done, marker_info, wait_for_shards
-from funasr_recipe.dist.slicing import my_shards, num_shards
+from funasr_recipe.dist.slicing import my_shards, num_shards, shard_size_for
 from funasr_recipe.features.audio import AudioError, load_audio
 from funasr_recipe.features.cmvn import CmvnStats, cmvn_name, write_am_mvn
-from funasr_recipe.features.fbank import FbankConf, FbankExtractor
+
+if TYPE_CHECKING:  # fbank imports torch (2 s): the merge's readers (features/targets.py, results) need none
+    from funasr_recipe.features.fbank import FbankConf, FbankExtractor
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +77,9 @@ class SetPlan:
 
 
 def plan_set(data_dir: Path, dump_dir: Path, name: str, factors: tuple[float, ...], shard_size: int,
-             conf: FbankConf) -> SetPlan:
-    """Plan one set: count its lines and fingerprint its input, features and perturbation."""
+             conf: FbankConf, world_size: int = 1) -> SetPlan:
+    """Plan one set: count its lines and fingerprint its input, features and perturbation; shards of
+    ``shard_size`` jobs at most, fewer where that would leave one of ``world_size`` processes idle."""
     jsonl = data_dir / name / "data.jsonl"
     if not jsonl.is_file():
         raise FileNotFoundError(f"{jsonl} is missing: run stage 0 first")
@@ -81,6 +88,7 @@ def plan_set(data_dir: Path, dump_dir: Path, name: str, factors: tuple[float, ..
         for line in f:
             digest.update(line)
             n_lines += 1
+    shard_size = shard_size_for(n_lines * len(factors), shard_size, world_size)
     # "v2": the shard markers' layout of dist/markers.py (summary on line 3); older shards are redone.
     # The listing of what stage 0 read (data/sources.py): a recording replaced by one with the same header
     # leaves data.jsonl as it was, and its features must still be computed again.
@@ -206,8 +214,9 @@ def compute_shard(plan: SetPlan, shard: int, lines: list[tuple[int, dict]], extr
 
 
 def plan_sets(data_dir: Path, dump_dir: Path, sets: list[str], train_set: str, speed_perturb: str,
-              shard_size: int, conf: FbankConf) -> list[SetPlan]:
-    """A plan per set; ``speed_perturb`` ("0.9 1.0 1.1") applies to the training set only."""
+              shard_size: int, conf: FbankConf, world_size: int = 1) -> list[SetPlan]:
+    """A plan per set for ``world_size`` processes; ``speed_perturb`` ("0.9 1.0 1.1") applies to the
+    training set only."""
     factors = tuple(float(f) for f in speed_perturb.split())
     if not factors or any(not 0.5 <= f <= 2.0 for f in factors):
         raise ValueError(f"--speed-perturb '{speed_perturb}': factors must lie in [0.5, 2]")
@@ -216,12 +225,14 @@ def plan_sets(data_dir: Path, dump_dir: Path, sets: list[str], train_set: str, s
     if twice := [f for f in factors if names[speed_key("", f)] > 1]:
         raise ValueError(f"--speed-perturb '{speed_perturb}': factor {twice[0]:g} is given more than once; "
                          "each copy of an utterance needs its own key")
-    return [plan_set(data_dir, dump_dir, name, factors if name == train_set else (1.0,), shard_size, conf)
-            for name in sets]
+    return [plan_set(data_dir, dump_dir, name, factors if name == train_set else (1.0,), shard_size, conf,
+                     world_size) for name in sets]
 
 
 def compute_shards(plans: list[SetPlan], conf: FbankConf, rank: int, world_size: int, strict: bool) -> None:
     """Compute this rank's unfinished shards of every set."""
+    from funasr_recipe.features.fbank import FbankExtractor
+
     extractor = FbankExtractor(conf)
     for plan in plans:
         mine = my_shards(plan.n_shards, rank, world_size)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from funasr_recipe.features.fbank import FbankConf
+if TYPE_CHECKING:  # features/fbank.py imports torch (2 s), which local/resolve_model.py has no use for
+    from funasr_recipe.features.fbank import FbankConf
 
 
 def load_config(path: Path, overrides: list[str] | None = None) -> DictConfig:
@@ -32,6 +34,8 @@ def load_config(path: Path, overrides: list[str] | None = None) -> DictConfig:
 
 def fbank_conf(cfg: DictConfig) -> FbankConf:
     """The frontend parameters; only ``WavFrontend`` (what SenseVoice, Paraformer and ours use) is known."""
+    from funasr_recipe.features.fbank import FbankConf
+
     frontend = cfg.get("frontend", "WavFrontend")
     if frontend not in ("WavFrontend", "wav_frontend"):
         raise ValueError(f"frontend '{frontend}': stage 1 computes features for WavFrontend only; "

@@ -23,11 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import OmegaConf
-
-from funasr_recipe.model.adapters import finish_state_dict
-from funasr_recipe.model.checkpoint import fp32_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +38,11 @@ def is_model_dir(path: Path) -> bool:
 
 def make_model_dir(exp_dir: Path, checkpoint: str, out: Path, info: dict | None = None) -> Path:
     """Write ``out`` from ``exp_dir``; returns it. ``info`` goes into configuration.json's "recipe"."""
+    import torch  # here, not at the top: is_model_dir and model_label (stage 3's merge) need no torch
+
+    from funasr_recipe.model.adapters import finish_state_dict
+    from funasr_recipe.model.checkpoint import fp32_state_dict
+
     cfg = OmegaConf.load(exp_dir / "config.yaml")
     out.mkdir(parents=True, exist_ok=True)
     # A run with frozen parameters or LoRA adapters: its fp32 frozen copies, the adapters merged.
@@ -92,10 +93,14 @@ def model_label(model_dir: Path, tag: str, pretrained: bool = False) -> str:
 def load_automodel(model_dir: Path, device: str = "cpu", threads: int | None = None) -> Any:
     """funasr's AutoModel on a local model dir (no hub), with the recipe's model and tokenizer classes
     registered and the frontend's dither off."""
+    import torch
     from funasr import AutoModel
 
     import funasr_recipe.model.conformer_ctc  # noqa: F401  (registers ConformerCTC)
     import funasr_recipe.model.sensevoice_tokenizer  # noqa: F401  (registers SenseVoiceTagTokenizer)
+    from funasr_recipe.model.funasr_lazy import register_model_dir
+
+    register_model_dir(model_dir)  # funasr's classes its config names, where funasr is imported lazily
 
     # ncpu: AutoModel otherwise sets 4 torch threads (torch.set_num_threads), whatever the launcher chose.
     model = AutoModel(model=str(model_dir), device=device, disable_update=True, disable_pbar=True,

@@ -8,13 +8,18 @@ Rows, in batches of 1, 8 and 32 by default:
   ours             runtime/onnx_asr.py, the recipe's runtime, fp32 and int8
   sherpa_onnx      sherpa-onnx's SenseVoice recogniser (runtime/sherpa_onnx_runtime.py) on the same ONNX
                    files with the same threads, fp32 and int8 (SenseVoiceSmall only; CPU only here)
-on CPU, and on CUDA where torch (and, for the ONNX rows, onnxruntime) has it. Each (runtime, batch)
-is warmed up on its first batch, then timed per batch, the runtimes taking turns every 16 utterances
-or 4 batches (so that all of them see the same load on a shared machine): latency p50/p95 is per call
-with one batch (per utterance at batch 1). Throughput and RTF are of calls that hand a runtime the whole
-set to transcribe in batches of that size (3 rounds, the runtimes taking turns): utterances / seconds and
-seconds / audio seconds; a runtime may overlap its batches (ours computes the next batch's features
-and the last one's texts while onnxruntime runs). Texts are compared with AutoModel's at the same batch:
+on CPU, and on CUDA where torch (and, for the ONNX rows, onnxruntime) has it. The set is ``max_utts``
+utterances spread evenly over the data.jsonl (every digit and length of a sorted set, not its first
+lines). Each (runtime, batch) is warmed up on its first batch, then timed per batch on LATENCY_CALLS
+batches spread over the set (all of them where there are fewer), the runtimes taking turns every 16
+utterances or 4 batches (so that all of them see the same load on a shared machine): latency p50/p95
+is per call with one batch (per utterance at batch 1). Throughput and RTF are of calls that hand a
+runtime the whole set to transcribe in batches of that size (STREAM_ROUNDS rounds, the runtimes taking
+turns, in reverse order every other round so that a load that rises or falls meanwhile favours none):
+utterances / seconds and seconds / audio seconds; a runtime may overlap its batches (ours computes the
+next batch's features and the last one's texts while onnxruntime runs). Stage 5 runs 100 utterances,
+once (--repeats 1, about 25 s on the demo's 2 cores); bench/bench_runtime.py, whose figures the README
+quotes, runs 200 twice. Texts are compared with AutoModel's at the same batch:
 "same text" is the fraction identical (sherpa-onnx drops SenseVoice's tags: its texts are compared
 with AutoModel's without them). Two targets, from this run: ours fp32 >= 2.5x AutoModel's
 throughput at batch 1, ours int8 >= 3x at batch 8.
@@ -49,7 +54,10 @@ TAGLESS = {"sherpa_onnx"}  # runtimes whose texts carry no SenseVoice tags
 BLOCK_UTTS = 16
 BLOCK_BATCHES = 4
 SETTLE_S = 0.05
-STREAM_ROUNDS = 3  # whole-set passes per runner and --repeats, in turns (load on a shared machine varies)
+STREAM_ROUNDS = 2  # whole-set passes per runner and --repeats, in turns (load on a shared machine varies)
+# Timed calls per row for latency (and per --repeats): p50/p95 of 16 calls; more calls add time, not
+# information, on a set of hundreds (at batch 1 the whole set would be 100-200 calls).
+LATENCY_CALLS = 16
 Runner = Callable[[list[str], list[str], int], list[str]]
 
 
@@ -126,28 +134,31 @@ def runners(export_dir: Path, model_dir: Path, family: str, device: str,
     return out, notes
 
 
+def spread(items: list, k: int | None) -> list:
+    """``k`` of ``items`` evenly spaced from the first (all of them when there are no more than k)."""
+    n = len(items)
+    return list(items) if not k or n <= k else [items[i * n // k] for i in range(k)]
+
+
 def benchmark_set(data_jsonl: Path, max_utts: int | None) -> tuple[list[dict], float]:
-    """The utterances with audio files (pipes left out: funasr-onnx takes paths) and their seconds."""
+    """``max_utts`` utterances with audio files spread over the set (pipes left out: funasr-onnx takes
+    paths; an unreadable file too) and their seconds."""
     utts = []
-    for u in read_utterances(data_jsonl, None):
-        if is_pipe(u["source"]):
-            continue
+    for u in spread([u for u in read_utterances(data_jsonl, None) if not is_pipe(u["source"])], max_utts):
         try:
             u["seconds"] = probe_audio(u["source"]).duration
         except AudioError as e:  # stage 0 rejects these; a data.jsonl edited since may hold one
             log.warning("%s: %s; left out of the benchmark", u["key"], e)
             continue
         utts.append(u)
-        if max_utts and len(utts) >= max_utts:
-            break
     if not utts:
         raise ValueError(f"{data_jsonl}: no utterance with an audio file to benchmark on")
     return utts, sum(u["seconds"] for u in utts)
 
 
 def measure(loaded: list[tuple[str, str, Runner]], utts: list[dict], batch: int,
-            repeats: int) -> list[tuple[list[float], list[str]]]:
-    """(per-batch latencies in seconds, texts of the last repeat) of each runner over ``utts``.
+            repeats: int) -> list[list[float]]:
+    """Per-batch latencies in seconds of each runner, on LATENCY_CALLS batches spread over ``utts``.
 
     The runners take turns every BLOCK_UTTS utterances (BLOCK_BATCHES batches at least), so that all
     of them run under the same load (others' processes come and go on a shared machine) while each
@@ -156,40 +167,40 @@ def measure(loaded: list[tuple[str, str, Runner]], utts: list[dict], batch: int,
     OpenMP's spin after each call) would otherwise take the cores from the next, which no deployment
     of one runtime sees.
     """
-    chunks = [utts[i:i + batch] for i in range(0, len(utts), batch)]
+    chunks = spread([utts[i:i + batch] for i in range(0, len(utts), batch)], LATENCY_CALLS)
     per_block = max(-(-BLOCK_UTTS // batch), BLOCK_BATCHES)  # the first batch of a turn finds caches cold
     blocks = [chunks[i:i + per_block] for i in range(0, len(chunks), per_block)]
-    results: list[tuple[list[float], list[str]]] = [([], []) for _ in loaded]
+    results: list[list[float]] = [[] for _ in loaded]
     for _, _, run in loaded:  # warm-up: first-call allocations and lazy initialisation
         run([u["source"] for u in chunks[0]], [u["key"] for u in chunks[0]], batch)
-    for repeat in range(repeats):
+    for _ in range(repeats):
         for block in blocks:
-            for (_, _, run), (latencies, texts) in zip(loaded, results, strict=True):
+            for (_, _, run), latencies in zip(loaded, results, strict=True):
                 time.sleep(SETTLE_S)
                 for chunk in block:
                     paths, keys = [u["source"] for u in chunk], [u["key"] for u in chunk]
                     start = time.perf_counter()
-                    out = run(paths, keys, batch)
+                    run(paths, keys, batch)
                     latencies.append(time.perf_counter() - start)
-                    if repeat == repeats - 1:
-                        texts += out
     return results
 
 
 def measure_stream(loaded: list[tuple[str, str, Runner]], utts: list[dict], batch: int,
-                   rounds: int) -> list[float]:
-    """Seconds each runner takes to transcribe all ``utts`` given in one call, ``batch`` at a time (a
-    transcription job: a runtime may overlap its batches, as ours overlaps features, network and
-    decoding), summed over ``rounds`` rounds in which the runners take turns."""
+                   rounds: int) -> list[tuple[float, list[str]]]:
+    """(seconds, texts of the last round) of each runner transcribing all ``utts`` given in one call,
+    ``batch`` at a time (a transcription job: a runtime may overlap its batches, as ours overlaps
+    features, network and decoding), seconds summed over ``rounds`` rounds in which the runners take
+    turns, in reverse order every other round."""
     paths, keys = [u["source"] for u in utts], [u["key"] for u in utts]
-    seconds = [0.0] * len(loaded)
-    for _ in range(rounds):
-        for i, (_, _, run) in enumerate(loaded):
+    seconds, texts = [0.0] * len(loaded), [[] for _ in loaded]
+    order = list(range(len(loaded)))
+    for r in range(rounds):
+        for i in order if r % 2 == 0 else order[::-1]:
             time.sleep(SETTLE_S)
             start = time.perf_counter()
-            run(paths, keys, batch)
+            texts[i] = loaded[i][2](paths, keys, batch)
             seconds[i] += time.perf_counter() - start
-    return seconds
+    return list(zip(seconds, texts, strict=True))
 
 
 def row(runtime: str, precision: str, device: str, batch: int, latencies: list[float], stream_s: float,
@@ -216,7 +227,7 @@ def run_benchmark(export_dir: Path, model_dir: Path, utts: list[dict], audio_s: 
             per_batch = measure(loaded, utts, batch, repeats)
             rounds = STREAM_ROUNDS * repeats
             stream = measure_stream(loaded, utts, batch, rounds)
-            for (name, precision, _), (latencies, texts), stream_s in zip(loaded, per_batch, stream,
+            for (name, precision, _), latencies, (stream_s, texts) in zip(loaded, per_batch, stream,
                                                                           strict=True):
                 r = row(name, precision, device, batch, latencies, stream_s, len(utts), audio_s, rounds)
                 if name == "pytorch":

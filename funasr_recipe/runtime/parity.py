@@ -10,11 +10,16 @@ with), ONNX fp32 and int8 through the recipe's runtime (runtime/onnx_asr.py: the
 decoding rule that the benchmark, the package and the server run). That runtime decodes with the rule
 of the model's ``inference``, so that a difference means the networks differ, never the decoding code:
 greedy CTC for SenseVoiceSmall (with language "auto" and no ITN, as stage 3 and funasr-onnx decode)
-and ConformerCTC, and for Paraformer the argmax of each of the predictor's tokens. One utterance at a
-time, so that no padding enters either side (funasr's Paraformer, and ConformerCTC's conv2d
-subsampling, score an utterance differently inside a padded batch, in PyTorch as in ONNX). An input
-too short for the model (funasr returns nothing, onnxruntime raises) counts as an empty transcript and
-is listed under "no_output".
+and ConformerCTC, and for Paraformer the argmax of each of the predictor's tokens. No padding enters
+either side (funasr's Paraformer, and ConformerCTC's conv2d subsampling, score an utterance differently
+inside a padded batch, in PyTorch as in ONNX): for the CTC families PyTorch and ONNX fp32 decode the
+utterances of one length together (at most BATCH_FRAMES frames a batch: the demo's 500 dev clips have
+30-odd lengths), whose rows come out as each alone would (the same transcripts, and the same largest
+log-probability difference, 1.1e-5, as one at a time); ONNX int8 one at a time, as dynamic quantization
+scales a batch's activations together (batched, 99.4% of the demo's int8 transcripts equal PyTorch's
+instead of 99.2%); Paraformer, whose decoder pads the predictor's token counts, one at a time. An
+input too short for the model (funasr returns nothing, onnxruntime raises) counts as an empty
+transcript and is listed under "no_output".
 
 Pass: fp32 transcripts (SenseVoice tags included) identical to PyTorch on >= 99% of utterances, and
 int8's error rate (``scoring.error_rate.corpus_error_rate``, tags stripped) within 1% absolute of fp32's.
@@ -27,28 +32,44 @@ import copy
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from funasr.models.transformer.utils.subsampling import TooShortUttError
 
 from funasr_recipe.core.log import Progress
 from funasr_recipe.data.tags import strip_tags
 from funasr_recipe.features.audio import AudioError, load_audio
 from funasr_recipe.features.fbank import resample
 from funasr_recipe.runtime.export import family_of
-from funasr_recipe.runtime.onnx_asr import NO_OUTPUT, OnnxASR
+from funasr_recipe.runtime.onnx_asr import NO_OUTPUT, OnnxASR, torch_threads
 from funasr_recipe.scoring.error_rate import corpus_error_rate
 
 log = logging.getLogger(__name__)
+Decoded = tuple[str, np.ndarray | None]  # a transcript, its (frames, vocabulary) log-probabilities
 
 MIN_IDENTICAL = 0.99
 MAX_INT8_WER_DELTA = 0.01
-# An input too short for the model (conv subsampling; a Paraformer predicting no token): funasr's
-# inference returns no transcript, onnxruntime raises (and funasr-onnx returns ""). Both count as "".
-_NO_OUTPUT = (TooShortUttError, *NO_OUTPUT)
+# Threads of each side. Small inputs leave a second thread little to do but wait, and a wait that
+# another process's work can stretch: one utterance at a time on the demo's 2 cores, 100 dev clips took
+# PyTorch 0.9-1.4 s on 1 thread and 0.9 s on 2 with the cores idle, but 10-28 s on 2 with another
+# process running (ONNX fp32: 0.3-0.6 s, 0.4 s, 1.4-1.5 s). The whole check of the 500 clips, batched by
+# length, took 5.7 s on 1 thread and 4.9 s on 2, idle.
+PARITY_THREADS = 1
+# Feature frames per batch of equal-length utterances: each side holds a few (frames, vocabulary) float
+# tensors, 25,055 wide for SenseVoice: 100 MB each at 1,000 frames.
+BATCH_FRAMES = 1000
+
+
+def _no_output() -> tuple[type[Exception], ...]:
+    """An input too short for the model (conv subsampling; a Paraformer predicting no token): funasr's
+    inference returns no transcript, onnxruntime raises (and funasr-onnx returns ""). Both count as "".
+    Imported when needed: stage 4 imports funasr only after funasr_lazy.install."""
+    from funasr.models.transformer.utils.subsampling import TooShortUttError
+
+    return (TooShortUttError, *NO_OUTPUT)
 
 
 class TorchSide:
@@ -74,46 +95,68 @@ class TorchSide:
         return feats[0]
 
     @torch.no_grad()
-    def decode(self, key: str, feats: torch.Tensor) -> tuple[str, np.ndarray | None]:
-        """(transcript, (n, vocab) log-probs or None when the model produced no scores)."""
+    def decode(self, keys: list[str], feats: list[torch.Tensor]) -> list[Decoded]:
+        """(transcript, (n, vocab) log-probs or None when the model produced no scores) of each of a
+        batch of utterances of one length, in order."""
         captured: list[torch.Tensor] = []
         handle = self.scored.register_forward_hook(
             lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple) else out))
         # inference adds to the lengths in place (SenseVoice's prompt): give it a fresh tensor.
-        lengths = torch.tensor([feats.shape[0]])
+        lengths = torch.tensor([f.shape[0] for f in feats])
         try:
             out = self.model.inference(
-                feats[None], data_lengths=lengths[:, None] if self.family == "Paraformer" else lengths,
-                key=[key], tokenizer=self.tokenizer, frontend=self.frontend, data_type="fbank",
+                torch.stack(feats), data_lengths=lengths[:, None] if self.family == "Paraformer" else lengths,
+                key=list(keys), tokenizer=self.tokenizer, frontend=self.frontend, data_type="fbank",
                 device="cpu", language="auto", use_itn=False)
         finally:
             handle.remove()
         results = out[0] if out else []  # Paraformer returns [], not ([], meta), when it predicts no token
-        text = results[0]["text"] if results else ""
-        scores = torch.log_softmax(captured[-1][0].float(), dim=-1).numpy() if captured else None
-        return text, scores
+        texts = [r["text"] for r in results] if len(results) == len(keys) else [""] * len(keys)
+        scores = torch.log_softmax(captured[-1].float(), dim=-1).numpy() if captured else None
+        return [(text, None if scores is None else scores[i]) for i, text in enumerate(texts)]
 
 
-def onnx_decode(asr: OnnxASR, feats: torch.Tensor) -> tuple[str, np.ndarray | None]:
-    """(transcript, (n, vocab) log-probs or None without output frames) of one utterance's features, by
-    the recipe's runtime."""
-    scores, lengths = asr.infer([feats.numpy().astype(np.float32)])
-    n = int(lengths[0])
-    if n < 1:
-        return "", None
-    lp = torch.log_softmax(torch.from_numpy(scores[0, :n]).float(), dim=-1).numpy()
-    return asr.decode(lp, n), lp
+def onnx_decode(asr: OnnxASR, feats: list[torch.Tensor]) -> list[Decoded]:
+    """(transcript, (n, vocab) log-probs or None without output frames) of each of a batch of
+    utterances of one length, by the recipe's runtime."""
+    scores, lengths = asr.infer([f.numpy().astype(np.float32) for f in feats])
+    out: list[Decoded] = []
+    for row, n in zip(scores, lengths.tolist(), strict=True):
+        if n < 1:
+            out.append(("", None))
+            continue
+        lp = torch.log_softmax(torch.from_numpy(row[:n]).float(), dim=-1).numpy()
+        out.append((asr.decode(lp, n), lp))
+    return out
 
 
-def _decode(side: str, key: str, decode: Any, args: tuple,
-            errors: list[dict]) -> tuple[str, np.ndarray | None]:
+def batches(feats: list[torch.Tensor], family: str) -> list[list[int]]:
+    """Indices of ``feats`` in batches of one length (BATCH_FRAMES frames at most), in first-seen order of
+    the lengths; one utterance a batch for Paraformer."""
+    if family == "Paraformer":
+        return [[i] for i in range(len(feats))]
+    by_length: dict[int, list[int]] = {}
+    for i, f in enumerate(feats):
+        by_length.setdefault(int(f.shape[0]), []).append(i)
+    out = []
+    for n, group in by_length.items():
+        size = max(1, BATCH_FRAMES // max(n, 1))
+        out += [group[i:i + size] for i in range(0, len(group), size)]
+    return out
+
+
+def _decode(side: str, keys: list[str], call: Callable[[], list[Decoded]],
+            errors: list[dict]) -> list[Decoded]:
+    """``call()``: one side's decode of a batch. An input too short for the model (the batch is of one
+    length: all of it) gives each an empty transcript, listed under no_output."""
     try:
-        return decode(*args)
-    except _NO_OUTPUT as e:
-        log.warning("%s: %s gives no output (%s: %s); counted as an empty transcript", key, side,
-                    type(e).__name__, str(e).splitlines()[0][:200])
-        errors.append({"key": key, "side": side, "error": type(e).__name__})
-        return "", None
+        return call()
+    except _no_output() as e:
+        for key in keys:
+            log.warning("%s: %s gives no output (%s: %s); counted as an empty transcript", key, side,
+                        type(e).__name__, str(e).splitlines()[0][:200])
+            errors.append({"key": key, "side": side, "error": type(e).__name__})
+        return [("", None)] * len(keys)
 
 
 def _max_diff(a: np.ndarray | None, b: np.ndarray | None) -> tuple[float, bool]:
@@ -130,43 +173,62 @@ def _rate(refs: list[str], hyps: list[str], langs: list[str | None]) -> float | 
     return None if math.isinf(rate) else rate
 
 
-def check_parity(automodel: Any, export_dir: Path, utts: list[dict], threads: int,
+def check_parity(automodel: Any, export_dir: Path, utts: list[dict], threads: int = PARITY_THREADS,
                  min_identical: float = MIN_IDENTICAL, max_int8_delta: float = MAX_INT8_WER_DELTA,
                  desc: str = "parity") -> dict:
-    """Decode ``utts`` with PyTorch, ONNX fp32 and ONNX int8 on the same features; the parity report."""
+    """Decode ``utts`` with PyTorch, ONNX fp32 and ONNX int8 on the same features, each on ``threads``
+    threads; the parity report."""
+    with torch_threads(threads):
+        return _check_parity(automodel, export_dir, utts, threads, min_identical, max_int8_delta, desc)
+
+
+def _check_parity(automodel: Any, export_dir: Path, utts: list[dict], threads: int, min_identical: float,
+                  max_int8_delta: float, desc: str) -> dict:
     torch_side = TorchSide(automodel)
     onnx = {name: OnnxASR(export_dir, quantize=quantize, threads=threads)
             for name, quantize in (("fp32", False), ("int8", True))}
-    hyps: dict[str, list[str]] = {"torch": [], "fp32": [], "int8": []}
-    seconds = dict.fromkeys(hyps, 0.0)
-    diffs = {"fp32": 0.0, "int8": 0.0}
-    kept, unreadable, length_mismatch, no_output = [], [], [], []
-    progress = Progress(desc, len(utts), logger=log)
+    kept, feats, unreadable, length_mismatch, no_output = [], [], [], [], []
+    progress = Progress(f"{desc} features", len(utts), logger=log)
     for utt in utts:
         progress.update()
         try:
-            feats = torch_side.features(utt["source"])
+            feats.append(torch_side.features(utt["source"]))
         except AudioError as e:
             log.error("%s: %s; left out of the parity check", utt["key"], e)
             unreadable.append({"key": utt["key"], "error": str(e)})
             continue
-        start = time.perf_counter()
-        text, ref_scores = _decode("torch", utt["key"], torch_side.decode, (utt["key"], feats), no_output)
-        seconds["torch"] += time.perf_counter() - start
-        hyps["torch"].append(text)
-        for name, side in onnx.items():
-            start = time.perf_counter()
-            text, scores = _decode(name, utt["key"], onnx_decode, (side, feats), no_output)
-            seconds[name] += time.perf_counter() - start
-            hyps[name].append(text)
-            diff, same_length = _max_diff(ref_scores, scores)
-            diffs[name] = max(diffs[name], diff)
-            if name == "fp32" and not same_length:
-                length_mismatch.append(utt["key"])
         kept.append(utt)
     progress.close()
     if not kept:
         raise ValueError("no utterance of the set could be read: nothing to check parity on")
+    hyps = {name: [""] * len(kept) for name in ("torch", "fp32", "int8")}
+    seconds = dict.fromkeys(hyps, 0.0)
+    diffs = {"fp32": 0.0, "int8": 0.0}
+    progress = Progress(desc, len(kept), logger=log)
+    for batch in batches(feats, torch_side.family):
+        keys, fs = [kept[i]["key"] for i in batch], [feats[i] for i in batch]
+        start = time.perf_counter()
+        ref = _decode("torch", keys, lambda keys=keys, fs=fs: torch_side.decode(keys, fs), no_output)
+        seconds["torch"] += time.perf_counter() - start
+        for i, (text, _) in zip(batch, ref, strict=True):
+            hyps["torch"][i] = text
+        for name, side in onnx.items():
+            start = time.perf_counter()
+            # int8 one at a time: onnxruntime's dynamic quantization scales a batch's activations
+            # together, so the rows of a batch change each other's int8 scores (module docstring).
+            parts = [[j] for j in range(len(batch))] if name == "int8" else [list(range(len(batch)))]
+            got = [d for part in parts for d in _decode(
+                name, [keys[j] for j in part],
+                lambda side=side, part=part, fs=fs: onnx_decode(side, [fs[j] for j in part]), no_output)]
+            seconds[name] += time.perf_counter() - start
+            for i, (text, scores), (_, ref_scores) in zip(batch, got, ref, strict=True):
+                hyps[name][i] = text
+                diff, same_length = _max_diff(ref_scores, scores)
+                diffs[name] = max(diffs[name], diff)
+                if name == "fp32" and not same_length:
+                    length_mismatch.append(i)
+        progress.update(len(batch))
+    progress.close()
 
     n = len(kept)
     identical = sum(a == b for a, b in zip(hyps["torch"], hyps["fp32"], strict=True)) / n
@@ -192,7 +254,8 @@ def check_parity(automodel: Any, export_dir: Path, utts: list[dict], threads: in
         "wer_torch": wer["torch"], "wer_fp32": wer["fp32"], "wer_int8": wer["int8"],
         "thresholds": {"identical_fraction": min_identical, "int8_wer_delta": max_int8_delta},
         "pass": not failures, "failures": failures, "mismatches": mismatches,
-        "length_mismatches": length_mismatch, "unreadable": unreadable, "no_output": no_output,
+        "length_mismatches": [kept[i]["key"] for i in sorted(length_mismatch)], "unreadable": unreadable,
+        "no_output": no_output,
         "decode_seconds": {k: round(v, 3) for k, v in seconds.items()},
         "language": "auto" if torch_side.family == "SenseVoiceSmall" else None,
     }
