@@ -172,12 +172,12 @@ def measure(entry, workers: int, epochs: int) -> Rate:
 
 def h200_budget() -> tuple[float, float, float]:
     """(seconds of audio per second one H200 consumes, parameters, LFR frames per s of audio) of the model
-    conf/sensevoice_small.yaml trains, built on the meta device over the released architecture."""
-    from tests.test_configs import build_model, resolved  # the released config.yaml's architecture
+    conf/sensevoice_small.yaml trains, built on the meta device over the released architecture (the GPU
+    kit's copy of the released config.yaml, which tests/test_gpu_kit.py keeps equal to the release)."""
+    from bench.gpu.random_model_dir import architecture, build_model, count_parameters
 
-    cfg, vocab = resolved(GPU_CONFIG)
-    with torch.device("meta"):
-        params = float(sum(p.numel() for p in build_model(cfg, vocab).parameters()))
+    cfg = architecture("released")
+    params = float(count_parameters(build_model(cfg, "meta")))
     lfr_per_s = 100.0 / int(cfg.frontend_conf.get("lfr_n", 1))
     return MFU * H200_BF16_FLOPS / (6 * params * lfr_per_s), params, lfr_per_s
 
