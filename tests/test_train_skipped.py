@@ -172,3 +172,9 @@ def test_a_fine_tunes_limits_are_the_model_dirs_under_the_configs(tmp_path: Path
                               "pretrained_dir": model})
     conf = resolved_config(hydra_argv(fine_tune, []))["dataset_conf"]
     assert conf["min_source_length"] == 1 and conf["length_scale_source"] == 0.5
+
+
+def test_trainer_never_asks_pypi_for_a_version(tmp_path: Path) -> None:
+    # funasr's train_ds passes its whole config to AutoModel, whose check_for_update calls PyPI unless
+    # disable_update is set: offline nodes would wait on the connect at every training start.
+    assert resolved_config(hydra_argv(setup(tmp_path), []))["disable_update"] is True

@@ -85,7 +85,10 @@ def hydra_argv(args: TrainSetup, overrides: list[str]) -> list[str]:
             # torch.set_num_threads(ncpu) with ncpu 4 by default, overriding OMP_NUM_THREADS: two ranks
             # on two cores then ran eight OpenMP threads that spun in barriers (80% system time, 1.2x
             # scaling). Keep the launcher's per-rank thread count.
-            f"++ncpu={torch.get_num_threads()}"]
+            f"++ncpu={torch.get_num_threads()}",
+            # funasr's train_ds builds its AutoModel without disable_update, which then asks PyPI for
+            # funasr's latest version (requests.get, no timeout): offline that waits on the connect.
+            "++disable_update=true"]
     source = args.dump_dir if args.feats_type == "fbank" else args.data_dir
     train_list = source / args.train_set / "data.jsonl"
     if args.replay_lists:
