@@ -36,7 +36,7 @@ from funasr_recipe.runtime import parity
 from funasr_recipe.runtime.export import legacy_onnx_exporter
 from funasr_recipe.runtime.onnx_asr import OnnxASR
 from funasr_recipe.runtime.onnx_session import greedy_ctc
-from funasr_recipe.runtime.parity import TorchSide, check_parity
+from funasr_recipe.runtime.parity import TorchSide, check_parity, int8_tolerance
 from funasr_recipe.runtime.sherpa_onnx_export import missing_sherpa_files
 from local.export import main
 from tests.make_bad_kaldi_dir import DEFAULT_WAV_DIR
@@ -377,3 +377,14 @@ def test_runtime_pipeline_keeps_order_and_short_clips(exported: tuple[str, Path,
                    for t in asr._batch(asr.features(clips[i:i + batch]))]
         assert len(in_turn) == len(clips) and asr(clips) == in_turn, batch
     assert asr([]) == []
+
+
+def test_int8_gate_allows_one_unit_on_a_small_set() -> None:
+    """The int8 gate never fails on a single word of difference (50 one-word clips: 2 points), and on a
+    set where one word is small it is the configured delta that judges."""
+    few = ["seven"] * 50
+    assert int8_tolerance(0.01, few, ["en"] * 50) == pytest.approx(0.02)
+    assert 0.32 - 0.30 <= int8_tolerance(0.01, few, ["en"] * 50) < 0.04
+    many = ["one two"] * 500
+    assert int8_tolerance(0.01, many, ["en"] * 500) == pytest.approx(0.01)
+    assert int8_tolerance(0.01, ["一二三"], ["zh"]) == pytest.approx(1 / 3)  # characters for zh

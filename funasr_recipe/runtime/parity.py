@@ -45,7 +45,7 @@ from funasr_recipe.features.audio import AudioError, load_audio
 from funasr_recipe.features.fbank import resample
 from funasr_recipe.runtime.export import family_of
 from funasr_recipe.runtime.onnx_asr import NO_OUTPUT, OnnxASR, torch_threads
-from funasr_recipe.scoring.error_rate import corpus_error_rate
+from funasr_recipe.scoring.error_rate import corpus_counts, corpus_error_rate
 
 log = logging.getLogger(__name__)
 Decoded = tuple[str, np.ndarray | None]  # a transcript, its (frames, vocabulary) log-probabilities
@@ -173,6 +173,16 @@ def _rate(refs: list[str], hyps: list[str], langs: list[str | None]) -> float | 
     return None if math.isinf(rate) else rate
 
 
+def int8_tolerance(max_int8_delta: float, refs: list[str], langs: list[str | None]) -> float:
+    """The int8 gate's allowed error-rate difference: ``max_int8_delta``, but never below one error in the
+    set's reference units. On 50 one-word clips one changed word moves the rate by 2 points, so a
+    1-point gate failed whenever int8 differed by a single word (a flake of CI's fixture, not a broken
+    export); on the 500-clip demo set one word is 0.2 points and the 1-point gate is what judges."""
+    n_ref = corpus_counts(refs, refs, langs).n_ref
+    # The epsilon: rates are quotients, and exactly one unit apart must pass.
+    return max(max_int8_delta, 1 / n_ref if n_ref else 0.0) + 1e-9
+
+
 def check_parity(automodel: Any, export_dir: Path, utts: list[dict], threads: int = PARITY_THREADS,
                  min_identical: float = MIN_IDENTICAL, max_int8_delta: float = MAX_INT8_WER_DELTA,
                  desc: str = "parity") -> dict:
@@ -241,9 +251,9 @@ def _check_parity(automodel: Any, export_dir: Path, utts: list[dict], threads: i
                         f"below {min_identical:.0%}")
     if wer["fp32"] is None or wer["int8"] is None:
         failures.append("the error rate is undefined (references without tokens)")
-    elif abs(wer["int8"] - wer["fp32"]) > max_int8_delta:
-        failures.append(f"int8 error rate {wer['int8']:.2%} is more than {max_int8_delta:.0%} away from "
-                        f"fp32's {wer['fp32']:.2%}")
+    elif abs(wer["int8"] - wer["fp32"]) > int8_tolerance(max_int8_delta, refs, langs):
+        failures.append(f"int8 error rate {wer['int8']:.2%} is more than {max_int8_delta:.0%} (and more "
+                        f"than one word or character) away from fp32's {wer['fp32']:.2%}")
     rows = zip(kept, hyps["torch"], hyps["fp32"], hyps["int8"], strict=True)
     mismatches = [{"key": u["key"], "ref": u["target"], "torch": t, "fp32": f, "int8": q}
                   for u, t, f, q in rows if t != f]
