@@ -128,8 +128,12 @@ def test_long_audio_is_split_at_pauses_and_keeps_its_timeline(client: TestClient
 
 
 def test_openai_form_and_formats(client: TestClient, asr: OnnxASR, dev: list[str]) -> None:
-    data = Path(dev[0]).read_bytes()
-    text = split_tags(asr(dev[:1])[0])[1]
+    # A clip the fixture's model transcribes: an empty transcript has no subtitle cue and no segment, and
+    # which clips come out empty changes between training runs (CPU training is not bitwise repeatable).
+    texts = [split_tags(t)[1] for t in asr(dev[:10])]
+    chosen = next((i for i, t in enumerate(texts) if t), None)
+    assert chosen is not None, f"the fixture's model transcribes none of {dev[:10]}"
+    data, text = Path(dev[chosen]).read_bytes(), texts[chosen]
     url = "/v1/audio/transcriptions"
     assert post(client, data, url=url, model="whisper-1").json() == {"text": text}
     assert post(client, data, url=url, response_format="text").text == text + "\n"
