@@ -38,6 +38,7 @@ from funasr_recipe.runtime.onnx_asr import OnnxASR
 from funasr_recipe.runtime.onnx_session import greedy_ctc
 from funasr_recipe.runtime.parity import TorchSide, check_parity, int8_tolerance
 from funasr_recipe.runtime.sherpa_onnx_export import missing_sherpa_files
+from funasr_recipe.scoring.error_rate import corpus_counts
 from local.export import main
 from tests.make_bad_kaldi_dir import DEFAULT_WAV_DIR
 from tests.test_configs import TINY
@@ -382,9 +383,11 @@ def test_runtime_pipeline_keeps_order_and_short_clips(exported: tuple[str, Path,
 def test_int8_gate_allows_one_unit_on_a_small_set() -> None:
     """The int8 gate never fails on a single word of difference (50 one-word clips: 2 points), and on a
     set where one word is small it is the configured delta that judges."""
-    few = ["seven"] * 50
-    assert int8_tolerance(0.01, few, ["en"] * 50) == pytest.approx(0.02)
-    assert 0.32 - 0.30 <= int8_tolerance(0.01, few, ["en"] * 50) < 0.04
-    many = ["one two"] * 500
-    assert int8_tolerance(0.01, many, ["en"] * 500) == pytest.approx(0.01)
-    assert int8_tolerance(0.01, ["一二三"], ["zh"]) == pytest.approx(1 / 3)  # characters for zh
+    def units(refs: list[str], lang: str) -> int:  # what _check_parity passes: the scorer's count
+        return corpus_counts(refs, refs, [lang] * len(refs)).n_ref
+
+    few = units(["seven"] * 50, "en")
+    assert int8_tolerance(0.01, few) == pytest.approx(0.02)
+    assert 0.32 - 0.30 <= int8_tolerance(0.01, few) < 0.04
+    assert int8_tolerance(0.01, units(["one two"] * 500, "en")) == pytest.approx(0.01)
+    assert int8_tolerance(0.01, units(["一二三"], "zh")) == pytest.approx(1 / 3)  # characters for zh
