@@ -325,8 +325,7 @@ if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
   elif is_done "${exp_dir}/final/.done" "${stage3_fp}"; then
     log "${exp_dir}/final is averaged; skipping"
   else
-    python -m local.average --exp-dir "${exp_dir}" --final-dir "${exp_dir}/final" 2>&1 | tee "${exp_dir}/log/average.log" >&2
-    mark_done "${exp_dir}/final/.done" "${stage3_fp}"
+    start_average "${exp_dir}" "${stage3_fp}"  # in the background: the first decode's workers import meanwhile
   fi
   # The recipe's test sets, then every --decode-dir and --regression-dir, validated like a stage-0 set.
   import_dirs --decode-dir extra "${decode_dir}"
@@ -353,6 +352,7 @@ if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
         "${node_rank}" "${nnodes}" "${device}" "${decode_batch_size}" "${wait_timeout}"
       [ "${node_rank}" -ne 0 ] || mark_done "${out}/.done" "${decode_fp}"
     done
+    await_average  # when every set was scored already
   done
   if [ "${node_rank}" -eq 0 ]; then
     gate_rc=0; [ -n "${regress_sets}" ] || rm -f "${exp_dir}"/regression.{json,md}  # no stale gate in RESULTS.md

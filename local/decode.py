@@ -11,6 +11,7 @@ An unreadable file is reported with file, line and key and scored as deletions.
 
   python -m local.decode work --model-dir exp/x/final --data-jsonl data/dev/data.jsonl \\
       --out exp/x/decode_dev --rank 0 --world-size 2
+  python -m local.decode work ... --after exp/x/final/.done FP   # waits for the averaged model
   python -m local.decode merge --model-dir exp/x/final --tag x --data-jsonl data/dev/data.jsonl \\
       --out exp/x/decode_dev --world-size 2
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 from funasr_recipe.core.cli import add_shard_work_options, check_shard_work_options, run_main, str2bool
 from funasr_recipe.core.jsonl import read_jsonl
 from funasr_recipe.core.log import setup_logging
-from funasr_recipe.dist.markers import fingerprint, is_done, mark_done
+from funasr_recipe.dist.markers import fingerprint, is_done, mark_done, wait_for_marker
 from funasr_recipe.dist.slicing import deal
 from funasr_recipe.model.funasr_lazy import install as install_lazy_funasr
 from funasr_recipe.model.model_dir import model_label
@@ -36,6 +37,11 @@ log = logging.getLogger(__name__)
 
 def work(args: argparse.Namespace) -> None:
     (args.out / "shards").mkdir(parents=True, exist_ok=True)
+    if args.after:  # run.sh is still writing the model: import (seconds) while it does
+        from funasr_recipe.model.model_dir import import_automodel
+
+        import_automodel()
+        wait_for_marker(Path(args.after[0]), args.after[1], "writing the model", args.wait_timeout, poll=0.1)
     done = shard_file(args.out, args.rank, "done")
     # What a finished shard was made from: the weights, the set and the split.
     fp = fingerprint(args.world_size, files=[args.model_dir / "model.pt", args.model_dir / "config.yaml",
@@ -75,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="merge: the model is the one fine-tuned from (named 'pretrained <dir>')")
     parser.add_argument("--model-name", help="merge: the model's name in the results (default: from "
                         "--model-dir, --tag and --pretrained)")
+    parser.add_argument("--after", nargs=2, metavar=("MARKER", "FINGERPRINT"),
+                        help="work: wait (up to --wait-timeout) until MARKER holds FINGERPRINT before "
+                        "reading --model-dir: run.sh starts the workers while it averages the model")
     parser.add_argument("--set-name", help="merge: the set's name in the results (default: its folder)")
     args = parser.parse_args(argv)
     setup_logging()

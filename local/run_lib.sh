@@ -128,19 +128,28 @@ trap_signals() {  # [command]: on INT/TERM/HUP run the command, stop run.sh's ot
   done
 }
 run_node_procs() {  # n node_rank log_prefix command...: n processes of this node, RANK = node_rank * n + i
-  local n=$1 node=$2 prefix=$3 i rank failed=0 pids=()
+  start_node_procs "$@"
+  wait_node_procs "$3"
+}
+node_pids=()
+start_node_procs() {  # n node_rank log_prefix command...: run_node_procs in the background (pids in node_pids)
+  local n=$1 node=$2 prefix=$3 i rank
   shift 3
+  node_pids=()
   for ((i = 0; i < n; i++)); do
     rank=$((node * n + i))
     # The first process of the node also shows its progress on the terminal.
     if [ "${i}" -eq 0 ]; then RANK=${rank} LOCAL_RANK=${i} "$@" > >(tee "${prefix}.${rank}.log" >&2) 2>&1 &
     else RANK=${rank} LOCAL_RANK=${i} "$@" > "${prefix}.${rank}.log" 2>&1 & fi
-    pids+=($!)
+    node_pids+=($!)
   done
-  for pid in "${pids[@]}"; do wait "${pid}" || failed=1; done
+}
+wait_node_procs() {  # log_prefix: wait for start_node_procs' processes; 1 (their errors shown) if one failed
+  local pid failed=0
+  for pid in "${node_pids[@]}"; do wait "${pid}" || failed=1; done
   if [ ${failed} -ne 0 ]; then
-    grep -h ERROR "${prefix}".*.log >&2 || true
-    log "ERROR: a process failed; see ${prefix}.*.log"; return 1
+    grep -h ERROR "$1".*.log >&2 || true
+    log "ERROR: a process failed; see $1.*.log"; return 1
   fi
 }
 train_on_node() {  # log nodes_dir fingerprint node_rank command...: the command (torchrun) teed to log, with
@@ -182,14 +191,34 @@ pseudo_labels() {  # dir model out_root nproc node_rank nnodes device batch min_
     --min-logprob "$9" --dest "${out}" \
     --wait-timeout "${10}" 2>&1 | tee "${out}.decode/log/merge.log" >&2
 }
+average_pid=
+average_after=()
+start_average() {  # exp_dir fingerprint: local/average.py into exp_dir/final in the background (it writes
+  # final/.done when it succeeds). The next decode's workers import torch and funasr meanwhile, then wait for
+  # the marker (--after): on the demo that overlaps about 2 s of stage 3's 8.
+  python -m local.average --exp-dir "$1" --final-dir "$1/final" --done-fingerprint "$2" \
+    > >(tee "$1/log/average.log" >&2) 2>&1 &
+  average_pid=$!
+  average_after=(--after "$1/final/.done" "$2")
+}
+await_average() {  # [pid...]: wait for start_average's process; if it failed, stop the pids and exit 1
+  [ -n "${average_pid}" ] || return 0
+  local pid=${average_pid}
+  average_pid=; average_after=()
+  wait "${pid}" && return 0
+  [ $# -eq 0 ] || kill "$@" 2>/dev/null || true
+  log "ERROR: averaging the checkpoints failed (above)"; exit 1
+}
 decode_and_score() {  # model data_jsonl out pretrained tag nproc node_rank nnodes device batch timeout: one set
   # decoded by one model into out/ (work on every process, then merge and score on node 0)
   local model=$1 out=$3 nproc=$6 node=$7 opts
   opts=(--model-dir "${model}" --data-jsonl "$2" --out "${out}" --world-size $(($6 * $8)))
   mkdir -p "${out}/log"
   log "decoding $2 with ${model}: $(($6 * $8)) processes; logs in ${out}/log/decode.<rank>.log"
-  run_node_procs "${nproc}" "${node}" "${out}/log/decode" python -m local.decode work "${opts[@]}" --device "$9" \
-    --batch-size "${10}" || exit 1
+  start_node_procs "${nproc}" "${node}" "${out}/log/decode" python -m local.decode work "${opts[@]}" --device "$9" \
+    --batch-size "${10}" --wait-timeout "${11}" "${average_after[@]}"
+  await_average "${node_pids[@]}"
+  wait_node_procs "${out}/log/decode" || exit 1
   [ "${node}" -eq 0 ] || return 0  # node 0 merges and scores
   python -m local.decode merge "${opts[@]}" --tag "$5" --pretrained "$4" --set-name "$(basename "$(dirname "$2")")" \
     --wait-timeout "${11}" 2>&1 | tee "${out}/log/merge.log" >&2

@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from funasr_recipe.model.checkpoint import (
+    CorruptCheckpointError,
     UnsafeCheckpointError,
     average,
     fp32_state_dict,
@@ -118,3 +119,22 @@ def test_a_checkpoint_that_would_run_code_is_refused(tmp_path: Path, where: str)
     with pytest.raises(UnsafeCheckpointError, match="model.pt: refused"):
         validation_losses(exp)
     assert not marker.exists(), "the payload ran"
+
+
+@pytest.mark.parametrize("where", ["file", "deepspeed"])
+def test_a_truncated_checkpoint_is_named(tmp_path: Path, where: str) -> None:
+    """A checkpoint cut short (a full disk, a copy killed half way) is bad input naming the file: torch's
+    own message ("PytorchStreamReader failed reading zip archive") names none."""
+    exp = tmp_path / "exp"
+    write_run(exp, {"model.pt.ep1": 1.0, "model.pt.ep2": 2.0})
+    if where == "file":
+        path = exp / "model.pt.ep1"
+    else:
+        (exp / "model.pt.ep1").unlink()
+        (exp / "model.pt.ep1").mkdir()
+        path = exp / "model.pt.ep1" / "mp_rank_00_model_states.pt"
+        torch.save({"module": {"w": torch.zeros(2)}}, path)
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CorruptCheckpointError, match=rf"{path}: not a readable torch checkpoint"):
+        fp32_state_dict(exp, "model.pt.ep1")
+    assert main(["--exp-dir", str(exp), "--num", "2"]) == 2

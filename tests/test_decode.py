@@ -110,3 +110,32 @@ def test_merge_names_the_model_from_its_dir(tmp_path: Path, capsys: pytest.Captu
     assert json.loads((out / "decode.json").read_text())["model"] == "pretrained final"
     (final / "configuration.json").write_text("{broken")
     assert main(merge) == 2 and f"{final / 'configuration.json'}:1: not valid JSON" in capsys.readouterr().err
+
+
+def test_work_after_waits_for_the_models_marker_then_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    """--after: the imports first, then the wait; a marker that never holds the fingerprint (the averaging
+    died, or an earlier run's marker) is a failure after --wait-timeout, with nothing decoded or marked."""
+    import threading
+
+    import funasr_recipe.model.model_dir as model_dir
+    from funasr_recipe.dist.markers import mark_done
+
+    calls: list[str] = []
+    monkeypatch.setattr(model_dir, "import_automodel", lambda: calls.append("import"))
+    data = tmp_path / "dev" / "data.jsonl"
+    data.parent.mkdir()
+    data.write_text(json.dumps({"key": "a", "source": "a.wav", "source_len": 100, "target": "ONE"}) + "\n")
+    final, out = tmp_path / "final", tmp_path / "decode_dev"
+    final.mkdir()
+    mark_done(final / ".done", "an earlier run")
+    work = ["work", "--data-jsonl", str(data), "--out", str(out), "--model-dir", str(final), "--rank", "0",
+            "--after", str(final / ".done"), "this run", "--wait-timeout", "0.5"]
+    assert main(work) == 1
+    assert calls == ["import"]
+    assert "writing the model" in capsys.readouterr().err and not (out / "shards" / "0.done").exists()
+    # Written while it waits: it goes on to read the model dir (here an empty one: refused as bad input).
+    threading.Timer(0.3, mark_done, (final / ".done", "this run")).start()
+    work[-1] = "30"
+    assert main(work) == 2
+    assert str(final / "model.pt") in capsys.readouterr().err and not (out / "shards" / "0.done").exists()

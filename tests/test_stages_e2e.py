@@ -92,6 +92,23 @@ def test_stages_2_to_5_write_every_artifact(prepared: Path, trained: Path) -> No
     assert "is averaged; skipping" in res.stderr and "decode_dev is scored; skipping" in res.stderr
 
 
+def test_a_failed_average_stops_the_waiting_decoders_and_stage_3(prepared: Path, trained: Path) -> None:
+    """Stage 3 starts the decode workers while it averages: when the averaging fails (here every epoch
+    checkpoint is truncated) run.sh names it, stops the workers, which wait for final/.done, and exits 1
+    at once instead of after their --wait-timeout."""
+    exp = prepared / "exp_bad_average"
+    shutil.copytree(trained, exp, ignore=shutil.ignore_patterns("final", "decode_*", "export", "package*"))
+    for path in exp.glob("model.pt.ep*/*.pt"):
+        path.write_bytes(path.read_bytes()[:100])
+    res = run_sh("--stage", "3", "--stop-stage", "3", *dirs(prepared, exp.name), timeout=300)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "not a readable torch checkpoint" in res.stderr  # names the file
+    assert "averaging the checkpoints failed" in res.stderr
+    assert not (exp / "final" / ".done").exists() and not list(exp.glob("decode_dev/shards/*.done"))
+    left = subprocess.run(["pgrep", "-f", f"local.decode work .*{exp}"], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout  # no worker outlives run.sh
+
+
 def test_decode_dir_scores_a_users_kaldi_dir(prepared: Path, trained: Path, tmp_path: Path) -> None:
     mine = tmp_path / "my_test"
     mine.mkdir()

@@ -81,7 +81,8 @@ def add_shard_work_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="work: utterances per batch at most")
     parser.add_argument("--batch-frames", type=int, default=30000,
                         help="work: padded 10 ms frames per batch at most (longest x utterances)")
-    parser.add_argument("--wait-timeout", type=float, default=7200, help="merge: seconds to wait for ranks")
+    parser.add_argument("--wait-timeout", type=float, default=7200, help="merge: seconds to wait for ranks "
+                        "(local/decode.py work: for --after's marker)")
 
 
 def check_shard_work_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -48,6 +48,10 @@ class UnsafeCheckpointError(ValueError):
     """A checkpoint holds something other than tensors, containers and allowed classes: not loaded."""
 
 
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file that is not a whole torch archive (truncated, overwritten): not loaded."""
+
+
 def deepspeed_safe_globals() -> list[type]:
     """The classes DeepSpeed pickles into its optimizer shards (fp16/bf16, ZeRO 1-3)."""
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
@@ -69,6 +73,10 @@ def safe_load(path: Path, **kwargs: Any) -> Any:
         why = why.split("WeightsUnpickler error:")[-1].split(" Please use")[0].strip()
         raise UnsafeCheckpointError(f"{path}: refused to load (it is not only weights: {why}); load it "
                                     "only if you know who wrote it") from None
+    except (RuntimeError, EOFError) as e:
+        # torch's message ("PytorchStreamReader failed reading zip archive ...") names no file.
+        raise CorruptCheckpointError(f"{path}: not a readable torch checkpoint (truncated or overwritten?): "
+                                     f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 class _WeightsOnlyTorch:

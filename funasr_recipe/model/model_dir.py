@@ -90,15 +90,25 @@ def model_label(model_dir: Path, tag: str, pretrained: bool = False) -> str:
     return f"{tag} {str(recipe['checkpoint']).removeprefix('model.pt.')}"
 
 
+def import_automodel() -> None:
+    """Import what ``load_automodel`` needs before it reads a model dir: torch, funasr's AutoModel and the
+    recipe's model and tokenizer classes, most of a decode process's start-up (local/decode.py spends it
+    while the model is still being averaged)."""
+    from funasr import AutoModel  # noqa: F401
+
+    import funasr_recipe.model.conformer_ctc  # noqa: F401  (registers ConformerCTC)
+    import funasr_recipe.model.sensevoice_tokenizer  # noqa: F401  (registers SenseVoiceTagTokenizer)
+
+
 def load_automodel(model_dir: Path, device: str = "cpu", threads: int | None = None) -> Any:
     """funasr's AutoModel on a local model dir (no hub), with the recipe's model and tokenizer classes
     registered and the frontend's dither off."""
     import torch
     from funasr import AutoModel
 
-    import funasr_recipe.model.conformer_ctc  # noqa: F401  (registers ConformerCTC)
-    import funasr_recipe.model.sensevoice_tokenizer  # noqa: F401  (registers SenseVoiceTagTokenizer)
     from funasr_recipe.model.funasr_lazy import register_model_dir
+
+    import_automodel()
 
     register_model_dir(model_dir)  # funasr's classes its config names, where funasr is imported lazily
 
