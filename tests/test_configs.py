@@ -7,8 +7,9 @@ GPU-sized ones (TINY), and one batch of random LFR-stacked fbank with targets la
 config's dataset lays them out goes forward and backward, followed by one optimiser and scheduler step.
 
 A fine-tuning config (``pretrained_model`` set, no ``model_conf``) names no architecture: funasr merges
-it over the released model's config.yaml. There is no hub here, so RELEASED holds the parts of those
-config.yaml files that matter (architecture, and the training values the recipe must override).
+it over the released model's config.yaml. There is no hub here: funasr_recipe/model/released.py holds
+the parts of those config.yaml files that matter (architecture, and the training values the recipe must
+override).
 
 Reads conf/*.yaml and ds_configs/*.json; writes nothing.
 
@@ -33,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from funasr_recipe.data.batching import SourceLengths
 from funasr_recipe.data.feats_dataset import FBANK_DATASETS
 from funasr_recipe.model.config import fbank_conf, load_config, pretrained_model, tokenizer_spec
+from funasr_recipe.model.released import VOCAB_SIZE, released_config
 from funasr_recipe.model.tokenizer import KINDS, SENSEVOICE_TAG_IDS, SENSEVOICE_VOCAB_SIZE
 from funasr_recipe.model.trainer import register_recipe_classes
 from funasr_recipe.train import lr_schedule
@@ -43,68 +45,6 @@ lr_schedule.register()
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "conf").glob("*.yaml"))
-
-# The parts of the released models' config.yaml that funasr keeps when a recipe config is merged
-# over them: the architecture, and the training values that the recipe config has to override.
-RELEASED: dict[str, dict[str, Any]] = {
-    "SenseVoiceSmall": {"vocab_size": 25055, "config": """
-model: SenseVoiceSmall
-model_conf: {length_normalized_loss: true, sos: 1, eos: 2, ignore_id: -1}
-encoder: SenseVoiceEncoderSmall
-encoder_conf: {output_size: 512, attention_heads: 4, linear_units: 2048, num_blocks: 50, tp_blocks: 20,
-  dropout_rate: 0.1, positional_dropout_rate: 0.1, attention_dropout_rate: 0.1, input_layer: pe,
-  pos_enc_class: SinusoidalPositionEncoder, normalize_before: true, kernel_size: 11, sanm_shfit: 0,
-  selfattention_layer_type: sanm}
-tokenizer: SentencepiecesTokenizer
-frontend: WavFrontend
-frontend_conf: {fs: 16000, window: hamming, n_mels: 80, frame_length: 25, frame_shift: 10, lfr_m: 7,
-  lfr_n: 6, cmvn_file: null}
-dataset: SenseVoiceCTCDataset
-dataset_conf: {index_ds: IndexDSJsonl, batch_sampler: EspnetStyleBatchSampler, data_split_num: 32,
-  batch_type: token, batch_size: 14000, max_token_length: 2000, min_token_length: 60,
-  max_source_length: 2000, min_source_length: 60, max_target_length: 200, min_target_length: 0,
-  shuffle: true, num_workers: 4, retry: 20}
-train_conf: {accum_grad: 1, grad_clip: 5, max_epoch: 20, keep_nbest_models: 10, avg_nbest_model: 10,
-  log_interval: 100, resume: true, validate_interval: 10000, save_checkpoint_interval: 10000}
-optim: adamw
-optim_conf: {lr: 0.00002}
-scheduler: warmuplr
-scheduler_conf: {warmup_steps: 25000}
-"""},
-    "Paraformer": {"vocab_size": 8404, "config": """
-model: Paraformer
-model_conf: {ctc_weight: 0.0, lsm_weight: 0.1, length_normalized_loss: true, predictor_weight: 1.0,
-  predictor_bias: 1, sampling_ratio: 0.75}
-encoder: SANMEncoder
-encoder_conf: {output_size: 512, attention_heads: 4, linear_units: 2048, num_blocks: 50, dropout_rate: 0.1,
-  positional_dropout_rate: 0.1, attention_dropout_rate: 0.1, input_layer: pe,
-  pos_enc_class: SinusoidalPositionEncoder, normalize_before: true, kernel_size: 11, sanm_shfit: 0,
-  selfattention_layer_type: sanm}
-decoder: ParaformerSANMDecoder
-decoder_conf: {attention_heads: 4, linear_units: 2048, num_blocks: 16, dropout_rate: 0.1,
-  positional_dropout_rate: 0.1, self_attention_dropout_rate: 0.1, src_attention_dropout_rate: 0.1,
-  att_layer_num: 16, kernel_size: 11, sanm_shfit: 0}
-predictor: CifPredictorV2
-predictor_conf: {idim: 512, threshold: 1.0, l_order: 1, r_order: 1, tail_threshold: 0.45}
-frontend: WavFrontend
-frontend_conf: {fs: 16000, window: hamming, n_mels: 80, frame_length: 25, frame_shift: 10, lfr_m: 7,
-  lfr_n: 6}
-specaug: SpecAugLFR
-specaug_conf: {apply_time_warp: false, apply_freq_mask: true, freq_mask_width_range: [0, 30], lfr_rate: 6,
-  num_freq_mask: 1, apply_time_mask: true, time_mask_width_range: [0, 12], num_time_mask: 1}
-tokenizer: CharTokenizer
-ctc_conf: {dropout_rate: 0.0, ctc_type: builtin, reduce: true, ignore_nan_grad: true}
-dataset: AudioDataset
-dataset_conf: {index_ds: IndexDSJsonl, batch_sampler: EspnetStyleBatchSampler, batch_type: length,
-  batch_size: 1, max_token_length: 2048, buffer_size: 500, shuffle: true, num_workers: 0}
-train_conf: {accum_grad: 1, grad_clip: 5, max_epoch: 150, keep_nbest_models: 10, avg_nbest_model: 10,
-  log_interval: 50}
-optim: adam
-optim_conf: {lr: 0.0005}
-scheduler: warmuplr
-scheduler_conf: {warmup_steps: 30000}
-"""},
-}
 
 # GPU-sized dimensions -> CPU-sized ones, for whichever of these keys a section has. A config whose
 # encoder is at most CPU_WIDTH wide (the tiny_*.yaml ones) is run at its own size.
@@ -124,9 +64,8 @@ def resolved(path: Path) -> tuple[DictConfig, int]:
     the vocabulary size of its output layer."""
     cfg = load_config(path)
     if pretrained_model(cfg):
-        released = RELEASED[cfg.model]
         # funasr's download_model: the released config.yaml, with the recipe config merged over it.
-        return OmegaConf.merge(OmegaConf.create(released["config"]), cfg), released["vocab_size"]
+        return OmegaConf.merge(released_config(cfg.model), cfg), VOCAB_SIZE[cfg.model]
     spec = tokenizer_spec(cfg)
     assert spec is not None, f"{path.name}: a from-scratch config needs build_tokenizer"
     return cfg, SENSEVOICE_VOCAB_SIZE if spec["kind"] == "sensevoice" else int(spec["vocab_size"])
@@ -199,8 +138,7 @@ def test_recipe_keys(path: Path) -> None:
     if pretrained_model(raw):
         assert "model_conf" not in raw, f"{path.name}: model_conf makes funasr skip the pretrained model"
         assert "build_tokenizer" not in raw, f"{path.name}: a fine-tune keeps the released tokenizer"
-        assert raw.model in RELEASED, f"{path.name}: no released architecture known for {raw.model}"
-        released = OmegaConf.create(RELEASED[raw.model]["config"]).frontend_conf
+        released = released_config(raw.model).frontend_conf  # fails naming the model if none is recorded
         for key, value in raw.frontend_conf.items():
             assert released.get(key, value) == value, f"{path.name}: frontend_conf.{key} differs from release"
     else:

@@ -35,7 +35,6 @@ from bench.gpu.random_model_dir import (
 from bench.gpu.report import H200_BF16_DENSE_TFLOPS, decode_figures, model_facts, table, train_figures
 from funasr_recipe.model.model_dir import is_model_dir, load_automodel
 from funasr_recipe.model.tokenizer import SENSEVOICE_TAG_IDS, SENSEVOICE_VOCAB_SIZE, model_file_name
-from tests.test_configs import RELEASED as RECORDED_RELEASED
 from tests.test_run_sh import CLEAN_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,14 +85,18 @@ def test_sizes_fit_what_travels() -> None:
 
 
 def test_released_architecture_is_the_recorded_one() -> None:
-    """bench/gpu/sensevoice_small.yaml is tests/test_configs.py's record of the released config.yaml but
-    for the tokenizer class, which the recipe's sensevoice tokenizer needs."""
-    ours = OmegaConf.to_container(OmegaConf.load(RELEASED))
-    recorded = OmegaConf.to_container(OmegaConf.create(RECORDED_RELEASED["SenseVoiceSmall"]["config"]))
+    """The kit's model dir is the released config.yaml (funasr_recipe/model/released.py) but for the
+    tokenizer class, which the recipe's sensevoice tokenizer needs."""
+    ours = OmegaConf.to_container(architecture("released"))
+    recorded = OmegaConf.to_container(OmegaConf.load(RELEASED))
     assert ours.pop("tokenizer") == "SenseVoiceTagTokenizer"
     assert recorded.pop("tokenizer") == "SentencepiecesTokenizer"
-    ours.pop("tokenizer_conf")
+    assert ours.pop("tokenizer_conf") == {"bpemodel": None, "unk_symbol": "<unk>", "split_with_space": True}
     assert ours == recorded
+    tiny = OmegaConf.to_container(architecture("tiny"))
+    assert tiny.pop("encoder_conf") == OmegaConf.to_container(OmegaConf.load(TINY).encoder_conf)
+    assert {k: v for k, v in tiny.items() if not k.startswith("tokenizer")} == {
+        k: v for k, v in ours.items() if k != "encoder_conf"}
 
 
 def test_real_size_has_the_released_parameter_count() -> None:

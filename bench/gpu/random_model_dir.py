@@ -1,8 +1,9 @@
 """A SenseVoiceSmall model dir with random weights, in the hub's layout, for bench/gpu/check.sh: what a
 user's ``--pretrained-dir`` holds after downloading iic/SenseVoiceSmall, without the download.
 
-Reads  bench/gpu/sensevoice_small.yaml (the released architecture), conf/tiny_sensevoice.yaml (its
-       ``build_tokenizer`` spec, and its encoder for ``--size tiny``), a stage-0 data.jsonl (transcripts
+Reads  funasr_recipe/model/released_configs/SenseVoiceSmall.yaml (the released architecture),
+       conf/tiny_sensevoice.yaml (its tokenizer: ``build_tokenizer`` spec and class, and its encoder for
+       ``--size tiny``), a stage-0 data.jsonl (transcripts
        for the tokenizer's learned pieces, the first ``--cmvn-utterances`` clips for am.mvn);
 writes <out>/{model.pt, config.yaml, configuration.json, am.mvn, chn_jpn_yue_eng_ko_spectok.bpe.model,
        tokens.json} through funasr_recipe/model/model_dir.py (the recipe's one writer of model dirs), and
@@ -33,11 +34,12 @@ from funasr_recipe.features.cmvn import CmvnStats, write_am_mvn
 from funasr_recipe.features.fbank import FbankExtractor
 from funasr_recipe.model.config import fbank_conf
 from funasr_recipe.model.model_dir import make_model_dir
+from funasr_recipe.model.released import released_path
 from funasr_recipe.model.tokenizer import SENSEVOICE_VOCAB_SIZE, build_tokenizer
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
-RELEASED = Path(__file__).with_name("sensevoice_small.yaml")
+RELEASED = released_path("SenseVoiceSmall")
 TINY = ROOT / "conf" / "tiny_sensevoice.yaml"
 SIZES = ("released", "tiny")
 
@@ -46,9 +48,14 @@ def architecture(size: str) -> DictConfig:
     """The model dir's config.yaml before its file paths: the released one, or with the demo's encoder."""
     if size not in SIZES:
         raise ValueError(f"size {size!r}: one of {', '.join(SIZES)}")
-    cfg = OmegaConf.load(RELEASED)
+    cfg, tiny = OmegaConf.load(RELEASED), OmegaConf.load(TINY)
+    # The tokenizer has the released layout but pieces learned from the bundled corpus, which the recipe's
+    # SenseVoiceTagTokenizer encodes (funasr_recipe/model/sensevoice_tokenizer.py: the released
+    # SentencepiecesTokenizer would give each tag two tokens there).
+    cfg.tokenizer = tiny.tokenizer
+    cfg.tokenizer_conf = OmegaConf.merge({"bpemodel": None}, tiny.tokenizer_conf)
     if size == "tiny":
-        cfg.encoder_conf = OmegaConf.load(TINY).encoder_conf
+        cfg.encoder_conf = tiny.encoder_conf
     return cfg
 
 
