@@ -23,10 +23,11 @@ per second / workers (0 workers: the one process). The CPU figures (from getrusa
 costs whatever else the machine runs; the wall figures are the target's.
 
 The H200 budget comes from the parameter count of the model that conf/sensevoice_small.yaml trains,
-built on the meta device over the released architecture (the part of its hub config.yaml that
-tests/test_configs.py holds, as no hub is reachable here): 6 FLOP per parameter per LFR frame (forward
-and backward), 100 / lfr_n LFR frames per second of audio, at 40% of 790 bf16 TFLOP/s. Then one row per
-ablation at 1 worker: what whole batches, recycled buffers and a deeper prefetch are each worth.
+built on the meta device over the released architecture (funasr_recipe/model/released_configs/, the
+part of the hub's config.yaml the recipe keeps, as no hub is reachable here): 6 FLOP per parameter per
+LFR frame (forward and backward), 100 / lfr_n LFR frames per second of audio, at 40% of 790 bf16
+TFLOP/s. Then one row per ablation at 1 worker: what whole batches, recycled buffers and a deeper
+prefetch are each worth.
 
   python -m bench.bench_dataloader --out-json exp/bench_dataloader.json
 """
@@ -172,8 +173,8 @@ def measure(entry, workers: int, epochs: int) -> Rate:
 
 def h200_budget() -> tuple[float, float, float]:
     """(seconds of audio per second one H200 consumes, parameters, LFR frames per s of audio) of the model
-    conf/sensevoice_small.yaml trains, built on the meta device over the released architecture (the GPU
-    kit's copy of the released config.yaml, which tests/test_gpu_kit.py keeps equal to the release)."""
+    conf/sensevoice_small.yaml trains, built on the meta device over the released architecture (read by the
+    GPU kit from funasr_recipe/model/released_configs/, the one copy of the released config.yaml)."""
     from bench.gpu.random_model_dir import architecture, build_model, count_parameters
 
     cfg = architecture("released")

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from funasr_recipe.core.log import setup_logging
+from funasr_recipe.scoring.across_runs import mean_rate, pooled_rate, run_row
 from recipes.common import split_list
 from recipes.fsdd import BUNDLED, NAME
 
@@ -55,22 +56,7 @@ def fold_command(speaker: str, work: Path, config: str, corpus_dir: Path, extra:
 
 def fold_result(speaker: str, result_json: Path, seconds: float) -> dict:
     """One table row from a fold's decode_test/result.json."""
-    res = json.loads(result_json.read_text(encoding="utf-8"))
-    tags = res.get("tag_accuracy") or {}
-    return {"speaker": speaker, "utterances": res["utterances"], "cer": res["cer"], "wer": res["wer"],
-            "language_tag_accuracy": (tags.get("language") or {}).get("accuracy"),
-            "missing_or_empty": len(res["missing_hyp"]) + len(res["empty_hyp"]), "seconds": seconds}
-
-
-def pooled(rows: list[dict], unit: str) -> float:
-    """Error rate over every fold's tokens together (errors / reference tokens)."""
-    errors = sum(r[unit]["sub"] + r[unit]["del"] + r[unit]["ins"] for r in rows)
-    return errors / max(1, sum(r[unit]["n_ref"] for r in rows))
-
-
-def mean(rows: list[dict], unit: str) -> float:
-    """The mean of the folds' error rates (each fold weighs the same)."""
-    return sum(r[unit]["rate"] for r in rows) / len(rows)
+    return {"speaker": speaker, **run_row(result_json), "seconds": seconds}
 
 
 def table(rows: list[dict], config: str) -> str:
@@ -84,8 +70,9 @@ def table(rows: list[dict], config: str) -> str:
                      f"{r['seconds'] / 60:.1f} min |")
     if rows:
         lines.append(f"| mean of {len(rows)} folds | {sum(r['utterances'] for r in rows)} | "
-                     f"{100 * mean(rows, 'cer'):.2f} | {100 * mean(rows, 'wer'):.2f} | | |")
-        lines.append(f"| pooled | | {100 * pooled(rows, 'cer'):.2f} | {100 * pooled(rows, 'wer'):.2f} | | |")
+                     f"{100 * mean_rate(rows, 'cer'):.2f} | {100 * mean_rate(rows, 'wer'):.2f} | | |")
+        lines.append(f"| pooled | | {100 * pooled_rate(rows, 'cer'):.2f} | "
+                     f"{100 * pooled_rate(rows, 'wer'):.2f} | | |")
     return "\n".join(lines) + "\n"
 
 
@@ -124,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows, args.config)
     (work / "loso.md").write_text(text, encoding="utf-8")
     summary = {"config": args.config, "folds": rows,
-               "mean_wer": mean(rows, "wer"),
-               "pooled_wer": pooled(rows, "wer"), "pooled_cer": pooled(rows, "cer")}
+               "mean_wer": mean_rate(rows, "wer"),
+               "pooled_wer": pooled_rate(rows, "wer"), "pooled_cer": pooled_rate(rows, "cer")}
     (work / "loso.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(text)
     return 0

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.bench_loso import corpus_speakers, fold_command, fold_result, pooled, table
+from bench.bench_loso import corpus_speakers, fold_command, fold_result, table
+from funasr_recipe.scoring.across_runs import pooled_rate
 from recipes.fsdd import BUNDLED
 
 
@@ -31,7 +32,7 @@ def test_pooled_and_mean_rates(tmp_path: Path) -> None:
     a = fold_result("a", _result(tmp_path / "a/result.json", 100, 5, 3, 2, ["a-1"]), 60.0)
     b = fold_result("b", _result(tmp_path / "b/result.json", 300, 6, 0, 0, []), 120.0)
     assert a["missing_or_empty"] == 1 and a["language_tag_accuracy"] == 1.0
-    assert pooled([a, b], "wer") == 16 / 400  # not the mean of 10% and 2%
+    assert pooled_rate([a, b], "wer") == 16 / 400  # not the mean of 10% and 2%
     text = table([a, b], "conf/x.yaml")
     assert "| a | 100 | 10.00 | 10.00 | 1 | 1.0 min |" in text
     assert "| mean of 2 folds | 400 | 6.00 | 6.00 |" in text and "| pooled | | 4.00 | 4.00 |" in text

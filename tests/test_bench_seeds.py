@@ -1,0 +1,42 @@
+"""bench/bench_seeds.py: the runs it makes and the figures it reports (the runs themselves are the
+end-to-end tests' business: stages 0-1 once, then stages 2-3 per seed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.bench_seeds import seed_commands, table, validation_losses
+
+
+def test_stages_0_1_are_shared_and_each_seed_trains_into_its_own_dir() -> None:
+    prep, train = seed_commands(Path("/w"), "conf/tiny_sensevoice.yaml", 2, ["++scheduler=warmup_cosine"])
+    assert prep[prep.index("--stop-stage") + 1] == "1" and "--exp-dir" not in prep
+    assert prep[prep.index("--dump-dir") + 1] == train[train.index("--dump-dir") + 1] == "/w/dump"
+    assert train[train.index("--stage") + 1] == "2" and train[train.index("--stop-stage") + 1] == "3"
+    assert train[train.index("--exp-dir") + 1] == "/w/seed2"
+    assert train[train.index("--") + 1:] == ["++seed=2", "++scheduler=warmup_cosine"]
+
+
+def test_validation_losses_are_the_valid_rows_in_order(tmp_path: Path) -> None:
+    tsv = tmp_path / "curves.tsv"
+    tsv.write_text("kind\tstep\tepoch\tloss\tlr\n"
+                   "train\t10\t\t99.1\t0.001\n"
+                   "valid\t40\t1\t19.85\t\n"
+                   "train\t50\t\t3.2\t0.002\n"
+                   "valid\t87\t2\t2.88\t\n")
+    assert validation_losses(tsv) == [19.85, 2.88]
+
+
+def _row(seed: int, errors: int, n_ref: int, losses: list[float]) -> dict:
+    counts = {"rate": errors / n_ref, "n_ref": n_ref, "sub": errors, "del": 0, "ins": 0,
+              "cor": n_ref - errors}
+    return {"seed": seed, "utterances": n_ref, "cer": counts, "wer": counts, "missing_or_empty": 0,
+            "valid_loss": losses, "seconds": 300.0}
+
+
+def test_table_gives_each_seed_its_mean_and_range() -> None:
+    text = table([_row(0, 48, 500, [0.9, 0.33, 0.39]), _row(1, 41, 500, [0.8, 0.3])],
+                 "conf/x.yaml", ["++a=1"])
+    assert "conf/x.yaml ++a=1" in text
+    assert "| 0 | 500 | 9.60 | 9.60 | 0 | 0.330 / 0.390 | 5.0 min |" in text
+    assert "| mean of 2 | | 8.90 | 8.90 |" in text and "| range | | | 8.20-9.60 |" in text
