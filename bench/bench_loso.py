@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from funasr_recipe.core.cli import split_overrides
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.scoring.across_runs import mean_rate, pooled_rate, run_row
 from recipes.common import split_list
@@ -77,8 +78,7 @@ def table(rows: list[dict], config: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    own, extra = split_overrides(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work-dir", type=Path, default=Path("loso"),
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus-dir", type=Path, default=BUNDLED, help="FSDD in its upstream layout")
     parser.add_argument("--speakers", default="",
                         help="comma separated (default: every speaker of the corpus)")
-    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args = parser.parse_args(own)
     setup_logging()
     speakers = split_list(args.speakers) or corpus_speakers(args.corpus_dir)
     work = args.work_dir.resolve()

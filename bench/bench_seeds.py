@@ -20,7 +20,6 @@ A rerun skips what run.sh's own .done markers say is finished, so an interrupted
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
 import subprocess
@@ -28,7 +27,9 @@ import sys
 import time
 from pathlib import Path
 
+from funasr_recipe.core.cli import run_main, split_overrides
 from funasr_recipe.core.log import setup_logging
+from funasr_recipe.reports.curves import read_validation_losses
 from funasr_recipe.scoring.across_runs import mean_rate, run_row
 from recipes.common import split_list
 
@@ -42,12 +43,6 @@ def seed_commands(work: Path, config: str, seed: int, overrides: list[str]) -> l
     return [["./run.sh", "--stage", "0", "--stop-stage", "1", *dirs],
             ["./run.sh", "--stage", "2", "--stop-stage", "3", *dirs, "--exp-dir", str(work / f"seed{seed}"),
              "--", f"++seed={seed}", *overrides]]
-
-
-def validation_losses(curves_tsv: Path) -> list[float]:
-    """The validation loss after each epoch, in order, from a run's curves.tsv (funasr_recipe's hooks)."""
-    with open(curves_tsv, encoding="utf-8", newline="") as f:
-        return [float(row["loss"]) for row in csv.DictReader(f, delimiter="\t") if row["kind"] == "valid"]
 
 
 def table(rows: list[dict], config: str, overrides: list[str]) -> str:
@@ -70,15 +65,19 @@ def table(rows: list[dict], config: str, overrides: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work-dir", type=Path, default=Path("seeds"))
     parser.add_argument("--config", default="conf/tiny_sensevoice.yaml")
     parser.add_argument("--seeds", default="0,1,2", help="comma separated training seeds")
-    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args = parser.parse_args(own)
     setup_logging()
+    return run_main(lambda: run_seeds(args, overrides), log)
+
+
+def run_seeds(args: argparse.Namespace, overrides: list[str]) -> int:
+    """Every seed's runs, then the table; 1 when a run fails (its log named)."""
     seeds = [int(s) for s in split_list(args.seeds)]
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         exp = work / f"seed{seed}"
         row = {"seed": seed, **run_row(exp / "decode_dev" / "result.json"),
-               "valid_loss": validation_losses(exp / "curves.tsv"), "seconds": time.monotonic() - start}
+               "valid_loss": read_validation_losses(exp / "curves.tsv"), "seconds": time.monotonic() - start}
         log.info("seed %d: WER %.2f%% CER %.2f%%, last validation loss %.3f (%.1f min)", seed,
                  100 * row["wer"]["rate"], 100 * row["cer"]["rate"], row["valid_loss"][-1],
                  row["seconds"] / 60)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.bench_seeds import seed_commands, table, validation_losses
+from bench.bench_seeds import main, seed_commands, table
 
 
 def test_stages_0_1_are_shared_and_each_seed_trains_into_its_own_dir() -> None:
@@ -15,16 +15,6 @@ def test_stages_0_1_are_shared_and_each_seed_trains_into_its_own_dir() -> None:
     assert train[train.index("--stage") + 1] == "2" and train[train.index("--stop-stage") + 1] == "3"
     assert train[train.index("--exp-dir") + 1] == "/w/seed2"
     assert train[train.index("--") + 1:] == ["++seed=2", "++scheduler=warmup_cosine"]
-
-
-def test_validation_losses_are_the_valid_rows_in_order(tmp_path: Path) -> None:
-    tsv = tmp_path / "curves.tsv"
-    tsv.write_text("kind\tstep\tepoch\tloss\tlr\n"
-                   "train\t10\t\t99.1\t0.001\n"
-                   "valid\t40\t1\t19.85\t\n"
-                   "train\t50\t\t3.2\t0.002\n"
-                   "valid\t87\t2\t2.88\t\n")
-    assert validation_losses(tsv) == [19.85, 2.88]
 
 
 def _row(seed: int, errors: int, n_ref: int, losses: list[float]) -> dict:
@@ -40,3 +30,11 @@ def test_table_gives_each_seed_its_mean_and_range() -> None:
     assert "conf/x.yaml ++a=1" in text
     assert "| 0 | 500 | 9.60 | 9.60 | 0 | 0.330 / 0.390 | 5.0 min |" in text
     assert "| mean of 2 | | 8.90 | 8.90 |" in text and "| range | | | 8.20-9.60 |" in text
+
+
+def test_a_seed_whose_run_left_no_result_is_bad_input(tmp_path: Path, monkeypatch) -> None:
+    """A run that exits 0 but left no decode result (a broken tree) stops the bench with exit 2 naming
+    the file, not a traceback; the runs themselves are stubbed (run.sh is the end-to-end tests')."""
+    monkeypatch.setattr("bench.bench_seeds.subprocess.run",
+                        lambda *a, **k: type("Done", (), {"returncode": 0})())
+    assert main(["--work-dir", str(tmp_path), "--seeds", "0"]) == 2

@@ -11,7 +11,15 @@ import matplotlib
 
 matplotlib.use("Agg")  # tests write files only; no display on CI or nodes
 
-from funasr_recipe.reports.curves import acc_label, parse_log, plot, use_log_scale  # noqa: E402
+import pytest  # noqa: E402
+
+from funasr_recipe.reports.curves import (  # noqa: E402
+    acc_label,
+    parse_log,
+    plot,
+    read_validation_losses,
+    use_log_scale,
+)
 from local.plot_training import main  # noqa: E402
 
 TRAIN = ("2026-11-30 15:53:58,776 INFO [node0 rank{r}] [trainer_ds.py:953] train, rank: {r}, epoch: {e}/3, "
@@ -133,6 +141,39 @@ def test_plot_with_metrics_writes_png_and_tsv_columns(tmp_path: Path) -> None:
     assert [float(r["utt_per_s"]) for r in train] == [90.0, 100.0, 110.0, 120.0]
     assert train[1]["grad_norm"] == "" and float(train[0]["grad_norm"]) == 3.2
     assert sum(r[0] == "valid" for r in rows) == 2 and not any(r[0] == "metrics" for r in rows)
+
+
+def test_validation_losses_read_back_from_the_tsv_written(tmp_path: Path) -> None:
+    write_log_with_metrics(tmp_path / "train.log")
+    assert main([str(tmp_path / "train.log"), "--out", str(tmp_path / "curves")]) == 0
+    assert read_validation_losses(tmp_path / "curves.tsv") == parse_log(tmp_path / "train.log").val_loss
+
+
+def test_validation_losses_are_the_valid_rows_in_order(tmp_path: Path) -> None:
+    tsv = tmp_path / "curves.tsv"
+    tsv.write_text("kind\tstep\tepoch\tloss\tlr\n"
+                   "train\t10\t\t99.1\t0.001\n"
+                   "valid\t40\t1\t19.85\t\n"
+                   "train\t50\t\t3.2\t0.002\n"
+                   "valid\t87\t2\t2.88\t\n")
+    assert read_validation_losses(tsv) == [19.85, 2.88]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("", r"curves.tsv:1: not a curves.tsv"),
+    ("kind\tstep\tepoch\tloss\tlr\ntrain\t10\t\t99.1\t0.001\n", r"curves.tsv: no validation row"),
+    ("kind\tstep\tepoch\tloss\tlr\nvalid\t40\t1\tx\t\n", r"curves.tsv:2: validation row without a loss"),
+    ("kind\tstep\tepoch\tloss\tlr\nvalid\t40\n", r"curves.tsv:2: validation row without a loss"),
+], ids=["empty", "no-valid-row", "not-a-number", "cut-short"])
+def test_a_bad_curves_tsv_is_named(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "curves.tsv").write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_validation_losses(tmp_path / "curves.tsv")
+
+
+def test_a_missing_curves_tsv_is_named(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="curves.tsv"):
+        read_validation_losses(tmp_path / "curves.tsv")
 
 
 def test_old_format_log_has_no_metrics_and_still_plots(tmp_path: Path) -> None:

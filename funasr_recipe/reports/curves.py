@@ -210,6 +210,29 @@ def write_tsv(c: Curves, path: Path) -> None:
             f.write(f"valid\t{s}\t{e}\t{loss}\t\t\t{metric_cells(None)}\n")
 
 
+def read_validation_losses(path: Path) -> list[float]:
+    """The validation loss after each epoch, in order, from a curves.tsv that ``write_tsv`` wrote (the
+    benchmarks that compare runs read it). Raises ValueError naming the file and line when it is not one,
+    or holds no validation row."""
+    with open(path, encoding="utf-8", newline="") as f:
+        header = f.readline().rstrip("\n").split("\t")
+        if header[:5] != ["kind", "step", "epoch", "loss", "lr"]:
+            raise ValueError(f"{path}:1: not a curves.tsv (header {header[:5]})")
+        losses = []
+        for lineno, line in enumerate(f, start=2):
+            cells = line.rstrip("\n").split("\t")
+            if cells[0] != "valid":
+                continue
+            try:
+                losses.append(float(cells[3]))
+            except (IndexError, ValueError):
+                raise ValueError(f"{path}:{lineno}: validation row without a loss: "
+                                 f"{line.strip()!r}") from None
+    if not losses:
+        raise ValueError(f"{path}: no validation row (did training finish an epoch?)")
+    return losses
+
+
 def plot(curves: Curves, out: Path, title: str) -> None:
     """Write ``out``.png (five panels) and ``out``.tsv."""
     import matplotlib

@@ -14,12 +14,17 @@ from pathlib import Path
 
 
 def run_row(result_json: Path) -> dict:
-    """One run's figures: utterances, the cer/wer counts, language-tag accuracy, missing or empty hyps."""
-    res = json.loads(result_json.read_text(encoding="utf-8"))
-    tags = res.get("tag_accuracy") or {}
-    return {"utterances": res["utterances"], "cer": res["cer"], "wer": res["wer"],
-            "language_tag_accuracy": (tags.get("language") or {}).get("accuracy"),
-            "missing_or_empty": len(res["missing_hyp"]) + len(res["empty_hyp"])}
+    """One run's figures: utterances, the cer/wer counts, language-tag accuracy, missing or empty hyps.
+    A missing file is FileNotFoundError, an unreadable one ValueError, each naming the file."""
+    try:
+        res = json.loads(result_json.read_text(encoding="utf-8"))
+        tags = res.get("tag_accuracy") or {}
+        return {"utterances": res["utterances"], "cer": res["cer"], "wer": res["wer"],
+                "language_tag_accuracy": (tags.get("language") or {}).get("accuracy"),
+                "missing_or_empty": len(res["missing_hyp"]) + len(res["empty_hyp"])}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{result_json}: not a stage-3 result.json ({type(e).__name__}: {e}): rerun stage 3"
+                         ) from None
 
 
 def pooled_rate(rows: list[dict], unit: str) -> float:
