@@ -41,7 +41,7 @@ pyver=$("${python}" -c 'import sys; print("py%d%d" % sys.version_info[:2])')
 
 # --- system packages: g++ builds DeepSpeed's JIT ops on first use; libsndfile comes with the
 # soundfile wheel, the Debian package is only a fallback for hosts where the wheel lacks it; shellcheck
-# lints the shell scripts in the tests (tests/test_style.py); chromium is the browser that the web
+# lints the shell scripts in the tests (tests/unit/repo/test_style.py); chromium is the browser that the web
 # page's test drives through playwright (playwright's own browser download cannot be had offline).
 need_apt=()
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)

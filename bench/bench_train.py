@@ -9,7 +9,7 @@ Reads the bundled digit corpus; runs stages 0-1 (no speed perturbation) into a t
   stage-1 features  FbankSenseVoiceCTCDataset + LengthBucketBatchSampler; 1 process, then 2
   funasr's losses   (--losses: only these two rows) stage-1 features, 2 processes, with
                     ``local.train --fused-losses false`` (funasr's own CTC/label-smoothing/accuracy
-                    code) against the default (funasr_recipe/model/fused_losses.py)
+                    code) against the default (funasr_recipe/compat/fused_losses.py)
 
 Throughput is training utterances of the epoch / the epoch's wall time (from the log lines "Train
 epoch: 0" to "Validate epoch: 1", so start-up and validation are excluded); data waiting is the sum

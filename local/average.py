@@ -1,7 +1,7 @@
 """Stage 3: average the n best checkpoints of a training run by validation loss, in fp32.
 
 Reads  <exp-dir>/model.pt (the validation loss of every kept checkpoint) and the n best checkpoints
-       (funasr_recipe/model/checkpoint.py: fp32 master weights, not funasr's bf16 copies);
+       (funasr_recipe/model/averaging.py: fp32 master weights, not funasr's bf16 copies);
 writes <exp-dir>/model.pt.avg<n> and <final-dir> (default <exp-dir>/final): the average as a model dir
        in the hub's format, which decoding and export read (and <final-dir>/.done with --done-fingerprint).
 Every checkpoint is loaded weights-only, DeepSpeed's shards included: one that holds anything but tensors,
@@ -23,8 +23,9 @@ from omegaconf import OmegaConf
 
 from funasr_recipe.core.cli import run_main
 from funasr_recipe.core.log import setup_logging
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.dist.markers import mark_done
-from funasr_recipe.model.checkpoint import average
+from funasr_recipe.model.averaging import average
 from funasr_recipe.model.model_dir import make_model_dir
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> None:
             raise FileNotFoundError(f"{config}: no resolved config; has stage 2 run in {args.exp_dir}?")
         num = int(OmegaConf.load(config).get("train_conf", {}).get("avg_nbest_model", 5))
     if num < 1:
-        raise ValueError(f"--num must be positive, got {num}")
+        raise BadInputError(f"--num must be positive, got {num}")
     out, names, losses = average(args.exp_dir, num)
     final = args.final_dir or args.exp_dir / "final"
     make_model_dir(args.exp_dir, out.name, final, info={"averaged": {name: losses[name] for name in names}})

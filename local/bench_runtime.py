@@ -23,12 +23,13 @@ import os
 import sys
 from pathlib import Path
 
+from funasr_recipe.compat.lazy_import import install as install_lazy_funasr
 from funasr_recipe.core.cli import EXIT_FAILURE, run_main
 from funasr_recipe.core.env import available_cores, cpu_name, versions
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done
-from funasr_recipe.model.funasr_lazy import install as install_lazy_funasr
 from funasr_recipe.runtime.benchmark import benchmark_set, markdown, run_benchmark
+from funasr_recipe.runtime.funasr_onnx_runtime import FUNASR_ONNX_FAMILIES
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
               "model_dir": str(model_dir), "data_jsonl": str(args.data_jsonl), "utterances": len(utts),
               "audio_seconds": round(audio_s, 3), "threads": args.threads, "repeats": args.repeats,
               "batch_sizes": args.batch_sizes, "devices": devices,
-              "funasr_onnx": f"funasr_onnx.{family}" if family != "ConformerCTC" else None,
+              "funasr_onnx": f"funasr_onnx.{family}" if family in FUNASR_ONNX_FAMILIES else None,
               "machine": {"cpu": cpu_name(), "cores_available": available_cores(), "cores": os.cpu_count(),
                           "load_before": [round(x, 2) for x in load_before],
                           "load_after": [round(x, 2) for x in os.getloadavg()],
@@ -108,5 +109,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    install_lazy_funasr()  # before anything imports funasr: model/funasr_lazy.py says why
+    install_lazy_funasr()  # before anything imports funasr: compat/lazy_import.py says why
     sys.exit(main())

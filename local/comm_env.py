@@ -1,4 +1,4 @@
-"""Stage 2's communication profile (funasr_recipe/cluster/comm_profile.py): prints the ``export`` lines
+"""Stage 2's communication profile (funasr_recipe/dist/comm_profile.py): prints the ``export`` lines
 for run.sh to evaluate, and logs every variable in force with where its value came from.
 
 Reads the environment; writes the export lines to stdout, the table to the log (stderr).
@@ -13,9 +13,9 @@ import logging
 import os
 import sys
 
-from funasr_recipe.cluster.comm_profile import PROFILES, exports, profile, resolve
 from funasr_recipe.core.cli import run_main
 from funasr_recipe.core.log import setup_logging
+from funasr_recipe.dist.comm_profile import PROFILES, exports, profile, resolve
 
 log = logging.getLogger(__name__)
 # Shown whatever the profile, so the log says what NCCL and torch ran with.

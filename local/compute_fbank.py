@@ -25,14 +25,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from funasr_recipe.compat.lazy_import import install as install_lazy_funasr
+from funasr_recipe.compat.lazy_import import register_config
 from funasr_recipe.core.cli import env_rank, run_main, split_overrides, str2bool
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.features.dump import SetPlan, compute_shards, merge_set, plan_sets, write_cmvn
 from funasr_recipe.features.fbank import FbankConf
 from funasr_recipe.features.targets import ctc_frames, load_tokenizer, reject_impossible_targets
 from funasr_recipe.model import config
-from funasr_recipe.model.funasr_lazy import install as install_lazy_funasr
-from funasr_recipe.model.funasr_lazy import register_config
 from funasr_recipe.model.pretrained import resolve
 
 log = logging.getLogger(__name__)
@@ -136,5 +136,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    install_lazy_funasr()  # before anything imports funasr: model/funasr_lazy.py says why
+    install_lazy_funasr()  # before anything imports funasr: compat/lazy_import.py says why
     sys.exit(main())

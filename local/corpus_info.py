@@ -16,6 +16,7 @@ from pathlib import Path
 
 from funasr_recipe.core.cli import run_main
 from funasr_recipe.core.log import setup_logging
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data.corpus import read_corpus_info
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ def field_value(data_dir: Path, field: str) -> str:
     """The field as run.sh reads it: a list space-separated."""
     info = asdict(read_corpus_info(data_dir))
     if field not in info:
-        raise ValueError(f"{data_dir / 'corpus.json'} has no field {field!r}; fields: {', '.join(info)}")
+        raise BadInputError(f"{data_dir / 'corpus.json'} has no field {field!r}; fields: {', '.join(info)}")
     value = info[field]
     return " ".join(value) if isinstance(value, list) else str(value)
 

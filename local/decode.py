@@ -23,12 +23,12 @@ import logging
 import sys
 from pathlib import Path
 
+from funasr_recipe.compat.lazy_import import install as install_lazy_funasr
 from funasr_recipe.core.cli import add_shard_work_options, check_shard_work_options, run_main, str2bool
 from funasr_recipe.core.jsonl import read_jsonl
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done, wait_for_marker
 from funasr_recipe.dist.slicing import deal
-from funasr_recipe.model.funasr_lazy import install as install_lazy_funasr
 from funasr_recipe.model.model_dir import model_label
 from funasr_recipe.scoring.decode_dir import decode_shard, merge_decode_dir, shard_file
 
@@ -94,5 +94,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    install_lazy_funasr()  # before anything imports funasr: model/funasr_lazy.py says why
+    install_lazy_funasr()  # before anything imports funasr: compat/lazy_import.py says why
     sys.exit(main())

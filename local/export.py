@@ -29,13 +29,13 @@ from pathlib import Path
 
 import torch
 
+from funasr_recipe.compat.lazy_import import install as install_lazy_funasr
 from funasr_recipe.core.cli import EXIT_FAILURE, run_main
 from funasr_recipe.core.env import available_cores
 from funasr_recipe.core.fmt import pct
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.data.manifest import read_utterances
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done
-from funasr_recipe.model.funasr_lazy import install as install_lazy_funasr
 from funasr_recipe.model.model_dir import load_automodel
 from funasr_recipe.runtime.export import export_onnx, family_of, write_export_info, write_runtime_files
 from funasr_recipe.runtime.funasr_onnx_runtime import funasr_onnx_check
@@ -137,5 +137,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    install_lazy_funasr()  # before anything imports funasr: model/funasr_lazy.py says why
+    install_lazy_funasr()  # before anything imports funasr: compat/lazy_import.py says why
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""Stage 5: a deployable package of an exported model, and its tarball (funasr_recipe/reports/package.py
+"""Stage 5: a deployable package of an exported model, and its tarball (funasr_recipe/packaging/package.py
 says what is in it).
 
 Reads  <exp-dir>/export/ (stage 4, passed), <exp-dir>/final/model.pt, <exp-dir>/config.yaml, RESULTS.md,
@@ -21,7 +21,7 @@ from pathlib import Path
 from funasr_recipe.core.cli import run_main
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done
-from funasr_recipe.reports.package import MIN_SECONDS, ROOT, build_package, check_export, runtime_files
+from funasr_recipe.packaging.package import MIN_SECONDS, ROOT, build_package, check_export, runtime_files
 
 log = logging.getLogger(__name__)
 

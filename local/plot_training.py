@@ -19,6 +19,7 @@ from pathlib import Path
 
 from funasr_recipe.core.cli import run_main
 from funasr_recipe.core.log import setup_logging
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.reports.curves import parse_log, plot
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> None:
         raise FileNotFoundError(f"no training log at {args.log}")
     curves = parse_log(args.log)
     if not curves.step and not curves.val_loss:
-        raise ValueError(f"{args.log} has no training or validation lines of rank 0 yet")
+        raise BadInputError(f"{args.log} has no training or validation lines of rank 0 yet")
     if not curves.step:
         log.warning("%s: no training lines of rank 0 (train_conf.log_interval is larger than the steps "
                     "so far); plotting the validation loss only", args.log)

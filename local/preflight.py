@@ -1,5 +1,5 @@
 """Stage -1 (and the start of stage 2): the preflight across nodes, one process per node
-(funasr_recipe/cluster/preflight.py). Exits 0 when every node agrees with node 0 (the table and the
+(funasr_recipe/dist/preflight.py). Exits 0 when every node agrees with node 0 (the table and the
 bandwidth test are logged), 1 naming each node and difference otherwise, on every node alike.
 
 Reads  the checkout, requirements, config and DeepSpeed files, data/ and dump/ (hashes), node 0's
@@ -17,10 +17,10 @@ import logging
 import sys
 from pathlib import Path
 
-from funasr_recipe.cluster.node_report import NodeInputs
-from funasr_recipe.cluster.preflight import PreflightSetup, run_preflight
 from funasr_recipe.core.cli import run_main
 from funasr_recipe.core.log import setup_logging
+from funasr_recipe.dist.node_report import NodeInputs
+from funasr_recipe.dist.preflight import PreflightSetup, run_preflight
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent

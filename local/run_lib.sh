@@ -18,6 +18,8 @@ $(option_lines "$1" | awk '{ eq = index($0, "="); name = substr($0, 1, eq - 1); 
          printf "  --%-16s %s [default: %s]\n", name, text, def }')
 Node options default from NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT, then SLURM_NNODES/SLURM_NODEID.
 Everything after -- is handed to the funasr trainer verbatim, e.g. -- ++dataset_conf.batch_size=8000
+Exit status: 0 done; 1 a failure, or a bug (a Python traceback: please report it); 2 bad input or usage,
+one line that says what to fix. RECIPE_DEBUG=1 in the environment shows the traceback of bad input too.
 Example: $2 --stage 0 --stop-stage 0 --corpus kaldi --corpus-dir /data/my_kaldi_dirs"
 }
 

@@ -1,8 +1,9 @@
 """Stage 2 entry point, one per rank under torchrun: funasr's own trainer with the recipe's additions
-(funasr_recipe/model/trainer.py: classes registered, CPU patch, options as Hydra overrides;
-funasr_recipe/train/: the hooks for metrics, memory plan and OOM probe, activation checkpointing, the
-divergence guard (--max-bad-steps), atomic checkpoints, the list of utterances funasr would leave out,
-and the warmup-cosine schedule).
+(funasr_recipe/model/trainer.py: classes registered, options as Hydra overrides; funasr_recipe/compat/:
+the pinned surface checked, then the CPU patch, the fused losses and the hooks for metrics, memory plan
+and OOM probe, activation checkpointing, the divergence guard (--max-bad-steps), freezing and LoRA,
+atomic checkpoints, installed in order by compat/install.py; funasr_recipe/train/: the list of
+utterances funasr would leave out, and the warmup-cosine schedule).
 
 Reads  the model config, dump/<set>/data.jsonl (or data/<set>/data.jsonl with --feats-type raw),
        dump/<train>/am.lfr<m>x<n>.mvn and dump/tokenizer/<tag>/ for a from-scratch model;
@@ -21,21 +22,16 @@ import os
 import sys
 from pathlib import Path
 
+from funasr_recipe.compat import finetune
+from funasr_recipe.compat.hooks import HookOptions
+from funasr_recipe.compat.install import install, run_trainer
 from funasr_recipe.core.cli import run_main, split_overrides, str2bool
 from funasr_recipe.core.lifetime import die_with_parent
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.data import replay
-from funasr_recipe.model import funasr_cpu_patch, fused_losses
 from funasr_recipe.model.adapters import DEFAULT_TARGETS
-from funasr_recipe.model.trainer import (
-    TrainSetup,
-    hydra_argv,
-    register_recipe_classes,
-    replay_train_list,
-    run_trainer,
-)
-from funasr_recipe.train import checkpoint_io, finetune, lr_schedule, skipped
-from funasr_recipe.train.hooks import HookOptions, install
+from funasr_recipe.model.trainer import TrainSetup, hydra_argv, replay_train_list
+from funasr_recipe.train import skipped
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay-ratio", type=float, default=1.0,
                         help="replay utterances per new one in each epoch, drawn anew from (seed, epoch)")
     parser.add_argument("--fused-losses", type=str2bool, default=True,
-                        help="funasr's CTC/label-smoothing losses in fewer passes (model/fused_losses.py); "
+                        help="funasr's CTC/label-smoothing losses in fewer passes (compat/fused_losses.py); "
                              "false: funasr's own code (bench/bench_train.py compares them)")
     parser.add_argument("--dry-run", type=str2bool, default=False,
                         help="print the Hydra command line and exit")
@@ -111,16 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(hydra_args))
         return 0
     setup_logging()  # node and rank on the lines logged before Hydra configures logging
-    lr_schedule.register()
-    register_recipe_classes()  # the skipped-utterance check builds the config's tokenizer class
-    # The CPU patch before the hooks (a no-op with CUDA): its warp_model under DDP does not call the method
-    # it replaces, so hooks installed under it were skipped (memory plan, OOM probe, freezing, LoRA).
-    funasr_cpu_patch.apply()
-    if fused:
-        fused_losses.apply()  # the same losses in fewer passes over the 25055-wide output layer
-    install(hooks)
-    finetune.install(tuning)  # after hooks.install: its warp_model hook runs first
-    checkpoint_io.install()
+    # Everything patched into funasr, in its one order, after the installed packages are checked against
+    # the pinned surface (compat/install.py): a changed funasr is exit 1 with every difference, not a hook
+    # that silently never runs. Before the skipped-utterance check, which builds the config's tokenizer.
+    if (rc := run_main(lambda: install(hooks, tuning, fused), log)) != 0:
+        return rc
     # Before training: every utterance funasr's filters would drop, listed in <exp-dir>/train_skipped.tsv.
     # (run_main: --strict's BadInputError is exit 2 with one line, not a traceback on every rank.)
     def check_skipped() -> None:

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from funasr_recipe.core.cli import EXIT_OK, run_main
+from funasr_recipe.core.cli import EXIT_CODES_HELP, EXIT_OK, run_main
 from funasr_recipe.core.log import setup_logging
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data import kaldi_table
 from funasr_recipe.data.corpus import CorpusInfo, write_corpus_info
 
@@ -72,7 +73,7 @@ def write_kaldi_set(set_dir: Path, utts: Iterable[Utt]) -> int:
 log = logging.getLogger(__name__)
 
 
-class CorpusLayoutError(ValueError):
+class CorpusLayoutError(BadInputError):
     """The corpus directory does not have the layout a recipe expects (wrong --corpus-dir?)."""
 
 
@@ -166,7 +167,8 @@ def recipe_parser(doc: str | None, default_corpus_dir: Path | None = None,
     """Argument parser with the options every recipe has: --corpus-dir and --data-dir, and
     --dev-speakers (a speaker list) for the recipes that hold out speakers, --parts for those that
     prepare named parts of a corpus, each given its default."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=EXIT_CODES_HELP)
     parser.add_argument("--corpus-dir", type=Path, default=default_corpus_dir,
                         required=default_corpus_dir is None, help="the corpus in its upstream layout"
                         + (" (default: %(default)s)" if default_corpus_dir else ""))

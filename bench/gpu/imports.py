@@ -17,13 +17,15 @@ import sys
 import traceback
 from pathlib import Path
 
+from funasr_recipe.families.registry import SENSEVOICE  # torch-free: safe before the checks
+
 # What bench/gpu/check.sh runs: run.sh's stage 0-2 programs, stage 3's decoding, and the trainer they use.
 PROGRAMS = ("recipes.fsdd.prepare", "local.prepare_data", "local.corpus_info", "local.marker",
             "local.compute_fbank", "local.train", "local.decode", "funasr_recipe.model.trainer",
             "funasr_recipe.model.inference", "funasr.bin.train_ds", "bench.gpu.random_model_dir",
             "bench.gpu.report")
 # (funasr registry table, name, the funasr module that registers it)
-CLASSES = (("model_classes", "SenseVoiceSmall", "funasr.models.sense_voice.model"),
+CLASSES = (("model_classes", SENSEVOICE.name, "funasr.models.sense_voice.model"),
            ("encoder_classes", "SenseVoiceEncoderSmall", "funasr.models.sense_voice.model"),
            ("frontend_classes", "WavFrontend", "funasr.frontends.wav_frontend"),
            ("dataset_classes", "SenseVoiceCTCDataset", "funasr.datasets.sense_voice_datasets.datasets"),

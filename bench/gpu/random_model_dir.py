@@ -29,7 +29,9 @@ from omegaconf import DictConfig, OmegaConf
 from funasr_recipe.core.cli import run_main
 from funasr_recipe.core.jsonl import iter_jsonl
 from funasr_recipe.core.log import setup_logging
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done, marker_info
+from funasr_recipe.families.registry import SENSEVOICE
 from funasr_recipe.features.cmvn import CmvnStats, write_am_mvn
 from funasr_recipe.features.fbank import FbankExtractor
 from funasr_recipe.model.config import fbank_conf
@@ -39,7 +41,7 @@ from funasr_recipe.model.tokenizer import SENSEVOICE_VOCAB_SIZE, build_tokenizer
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
-RELEASED = released_path("SenseVoiceSmall")
+RELEASED = released_path(str(SENSEVOICE.released))
 TINY = ROOT / "conf" / "tiny_sensevoice.yaml"
 SIZES = ("released", "tiny")
 
@@ -47,7 +49,7 @@ SIZES = ("released", "tiny")
 def architecture(size: str) -> DictConfig:
     """The model dir's config.yaml before its file paths: the released one, or with the demo's encoder."""
     if size not in SIZES:
-        raise ValueError(f"size {size!r}: one of {', '.join(SIZES)}")
+        raise BadInputError(f"size {size!r}: one of {', '.join(SIZES)}")
     cfg, tiny = OmegaConf.load(RELEASED), OmegaConf.load(TINY)
     # The tokenizer has the released layout but pieces learned from the bundled corpus, which the recipe's
     # SenseVoiceTagTokenizer encodes (funasr_recipe/model/sensevoice_tokenizer.py: the released

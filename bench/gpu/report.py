@@ -29,6 +29,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.reports.curves import parse_log
 from funasr_recipe.scoring.decode_dir import shard_file
 
@@ -49,8 +50,8 @@ def train_figures(log: Path, params: int, world_size: int = 1, lfr_n: int = 6, f
     curves = parse_log(log)
     n = len(curves.metric_step)
     if n <= skip:
-        raise ValueError(f"{log}: {n} train_metrics lines, need more than {skip} (is train_conf.log_interval "
-                         "below the steps of the run?)")
+        raise BadInputError(f"{log}: {n} train_metrics lines, need more than {skip} (is "
+                            "train_conf.log_interval below the steps of the run?)")
     frames_s = _median(curves.frames_per_s[skip:]) * world_size  # 10 ms feature frames
     lfr_frames_s = frames_s / lfr_n
     text = log.read_text(encoding="utf-8", errors="replace")

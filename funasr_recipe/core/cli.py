@@ -7,7 +7,11 @@ Exit codes, one convention for all:
   2  bad input or usage: a missing or malformed file, a wrong option value, a model the stage does not
      support, or, with ``--strict true``, the first bad utterance. The message says what to fix.
 argparse's own usage errors exit 2 too. ``run_main`` maps exceptions to these codes and logs one line
-without a traceback; an exception of any other type is a bug and keeps its traceback.
+without a traceback. Bad input is only what the code names so: ``core/rejections.BadInputError`` (raised
+where input is validated; the package's own validation errors subclass it) and FileNotFoundError /
+NotADirectoryError. Any other exception, a ValueError from numpy or torch, a TypeError, is a bug: it
+keeps Python's traceback and exit status 1. With RECIPE_DEBUG=1 in the environment, bad input and
+failures are logged with their traceback too (``DEBUG_ENV``; run.sh --help and the README say so).
 """
 
 from __future__ import annotations
@@ -20,11 +24,14 @@ from collections.abc import Callable
 from funasr_recipe.core.rejections import BadInputError
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
-# NotImplementedError is a RuntimeError: listed here, it is caught as bad input first (an unsupported
-# model or option), which is what the programs raise it for.
-BAD_INPUT: tuple[type[Exception], ...] = (BadInputError, FileNotFoundError, NotADirectoryError, ValueError,
-                                          NotImplementedError)
+# Only these are the user's fault; a bare ValueError or NotImplementedError is not (it may come from a
+# library), so it stays a bug with its traceback.
+BAD_INPUT: tuple[type[Exception], ...] = (BadInputError, FileNotFoundError, NotADirectoryError)
 FAILURE: tuple[type[Exception], ...] = (RuntimeError, TimeoutError)
+DEBUG_ENV = "RECIPE_DEBUG"  # =1: log bad input and failures with their traceback
+# The epilog of a program's --help (recipes/common.recipe_parser's; run.sh's --help says the same).
+EXIT_CODES_HELP = ("exit status: 0 done, 1 failure (or a bug: with a traceback), 2 bad input or usage "
+                   f"(one line; {DEBUG_ENV}=1 shows its traceback)")
 
 
 class StageFailed(RuntimeError):
@@ -38,12 +45,18 @@ def run_main(work: Callable[[], int | None], log: logging.Logger | None = None) 
     try:
         rc = work()
     except BAD_INPUT as e:
-        log.error("%s", e, stacklevel=2)
+        log.error("%s", e, stacklevel=2, exc_info=_debug())
         return EXIT_BAD_INPUT
     except FAILURE as e:
-        log.error("%s", e, stacklevel=2)
+        if isinstance(e, NotImplementedError):  # a RuntimeError, but a library's: a bug, not a failure
+            raise
+        log.error("%s", e, stacklevel=2, exc_info=_debug())
         return EXIT_FAILURE
     return EXIT_OK if rc is None else rc
+
+
+def _debug() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:

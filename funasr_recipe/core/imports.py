@@ -1,7 +1,8 @@
 """Static import graph of the repository's Python files, read from their syntax trees (nothing runs).
 
-Used to ship exactly the modules a stage-5 package's runtime needs (reports/package.py) and to check
-the layering of the package (tests/test_style.py).
+Used to ship exactly the modules a stage-5 package's runtime needs (packaging/package.py) and to check
+the layering of the package and that its modules import one another without a cycle
+(tests/unit/repo/test_style.py).
 
   imported_modules(Path("funasr_recipe/runtime/onnx_asr.py"))  # {"numpy", "funasr_recipe.core.env", ...}
 """
@@ -25,6 +26,34 @@ def imported_modules(path: Path) -> set[str]:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
     return found
+
+
+def import_graph(root: Path, prefix: str) -> dict[str, set[str]]:
+    """Module -> the modules under ``prefix`` it imports anywhere in its file (functions included), for
+    every module of the package ``prefix`` at ``root`` (a package's __init__.py is the package).
+    ``from a.b import c`` is the module a.b.c when that is a module, else a.b; relative imports resolve
+    against the importing module."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((root / prefix).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        is_init = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if is_init else parts)
+        package = module if is_init else module.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    targets.add(sub if module_file(root, sub) is not None else base)
+        graph[module] = {t for t in targets
+                         if (t == prefix or t.startswith(prefix + ".")) and module_file(root, t) is not None}
+    return graph
 
 
 def module_file(root: Path, module: str) -> Path | None:

@@ -11,6 +11,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from funasr_recipe.core.rejections import BadInputError
+
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     """(1-based line number, object) of every non-blank line; ValueError naming file:line on a line that
@@ -22,9 +24,9 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
+                raise BadInputError(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
             if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: not a JSON object")
+                raise BadInputError(f"{path}:{lineno}: not a JSON object")
             yield lineno, obj
 
 

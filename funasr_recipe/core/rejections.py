@@ -11,8 +11,14 @@ from dataclasses import dataclass
 REJECTED_HEADER = "file\tline\tkey\treason\tdetail\n"
 
 
-class BadInputError(Exception):
-    """Raised in strict mode for the first bad entry: ``<file>:<line>: <key>: <reason>: <detail>``."""
+class BadInputError(ValueError):
+    """The user's input is wrong: a file, a line of it, an option, a config, a model dir the stage does not
+    support. The one class raised where input is validated (and the base of the package's own validation
+    errors: data/kaldi_table.TableError, features/audio.AudioError, scoring/score.ScoreInputError,
+    model/checkpoint.py's); core/cli.run_main reports it as exit 2, one line. A ValueError of any other
+    kind (numpy's, torch's) is a bug and keeps its traceback. A ValueError for ``pytest.raises``.
+
+    In strict mode, the first bad entry: ``<file>:<line>: <key>: <reason>: <detail>``."""
 
 
 @dataclass

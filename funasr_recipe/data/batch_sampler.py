@@ -37,6 +37,7 @@ import numpy as np
 import torch.distributed as dist
 from funasr.register import tables
 
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data.batching import cut_batches, split_to_multiple
 from funasr_recipe.data.replay import ReplaySelector, replay_sources
 
@@ -85,12 +86,12 @@ class BucketBatchSampler:
                  replay_list: str | Path | Iterable[str | Path] | None = None,
                  replay_ratio: float = 1.0) -> None:
         if batch_type not in ("token", "example"):
-            raise ValueError(f"batch_type must be 'token' or 'example', got {batch_type!r}")
+            raise BadInputError(f"batch_type must be 'token' or 'example', got {batch_type!r}")
         if batch_size < 1 or batch_size_sample_max < 1:
-            raise ValueError(f"batch_size ({batch_size}) and batch_size_sample_max "
-                             f"({batch_size_sample_max}) must be positive")
+            raise BadInputError(f"batch_size ({batch_size}) and batch_size_sample_max "
+                                f"({batch_size_sample_max}) must be positive")
         if not 0.0 <= length_jitter < 1.0:
-            raise ValueError(f"length_jitter must be in [0, 1), got {length_jitter}")
+            raise BadInputError(f"length_jitter must be in [0, 1), got {length_jitter}")
         self.rank, self.world_size = dist_rank_world(rank, world_size)
         self.batch_size, self.batch_type = int(batch_size), batch_type
         self.max_utts = int(batch_size_sample_max)
@@ -113,8 +114,8 @@ class BucketBatchSampler:
                 log.warning("rank %d: %d of %d utterances have source_len > max_token_length %d and are "
                             "left out", self.rank, skipped, len(lengths), max_token_length)
         if len(self.kept) == 0:
-            raise ValueError(f"no utterances to batch (dataset of {len(lengths)}, "
-                             f"max_token_length {max_token_length})")
+            raise BadInputError(f"no utterances to batch (dataset of {len(lengths)}, "
+                                f"max_token_length {max_token_length})")
         self._warned_oversized = False
         self.selector = None
         if replay_list and is_training:
@@ -190,13 +191,15 @@ def replay_mask(dataset: Any, replay_list: str | Path | Iterable[str | Path]) ->
     ValueError when the dataset has no replay utterance at all (the list is not the one it was built from)."""
     index_ds = getattr(dataset, "index_ds", None)
     if index_ds is None:
-        raise ValueError(f"replay_list needs a funasr dataset with an index_ds, got {type(dataset).__name__}")
+        raise BadInputError(f"replay_list needs a funasr dataset with an index_ds, got "
+                            f"{type(dataset).__name__}")
     replay = replay_sources(replay_list)
     mask = np.fromiter((index_ds[i]["source"] in replay for i in range(len(dataset))), dtype=bool,
                        count=len(dataset))
     if not mask.any():
-        raise ValueError(f"none of the {len(replay)} replay sources of {replay_list} is in the training set "
-                         f"of {len(dataset)} utterances: train on write_train_list's list (data/replay.py)")
+        raise BadInputError(f"none of the {len(replay)} replay sources of {replay_list} is in the "
+                            f"training set of {len(dataset)} utterances: train on write_train_list's list "
+                            "(data/replay.py)")
     return mask
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from funasr_recipe.core.jsonl import iter_jsonl
+from funasr_recipe.core.rejections import BadInputError
 
 
 class SourceLengths:
@@ -72,8 +73,8 @@ def split_to_multiple(batches: list[list[int]], world_size: int) -> list[list[in
     while len(batches) % world_size:
         i = max(range(len(batches)), key=lambda j: len(batches[j]))
         if len(batches[i]) < 2:
-            raise ValueError(f"{len(batches)} utterances for {world_size} ranks: every rank needs at "
-                             "least one batch; use fewer processes")
+            raise BadInputError(f"{len(batches)} utterances for {world_size} ranks: every rank needs at "
+                                "least one batch; use fewer processes")
         half = len(batches[i]) // 2
         batches[i : i + 1] = [batches[i][:half], batches[i][half:]]
     return batches

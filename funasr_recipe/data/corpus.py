@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from funasr_recipe.core.rejections import BadInputError
+
 
 @dataclass
 class CorpusInfo:
@@ -48,4 +50,4 @@ def read_corpus_info(data_dir: Path) -> CorpusInfo:
     try:
         return CorpusInfo(**json.loads(path.read_text(encoding="utf-8")))
     except (json.JSONDecodeError, TypeError) as e:  # not JSON, or not the fields CorpusInfo has
-        raise ValueError(f"{path}: not a corpus.json that a recipe wrote ({e}); rerun stage 0") from None
+        raise BadInputError(f"{path}: not a corpus.json that a recipe wrote ({e}); rerun stage 0") from None

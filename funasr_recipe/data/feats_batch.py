@@ -11,7 +11,7 @@ multiplication while the rows are still in cache), into one of data/shm_pool.py'
 buffers, so that pickling a worker's batch copies nothing and maps nothing new; the small tensors
 (lengths, token ids) travel inside the pickle itself. The values are
 bit-identical to ``features.cmvn.lfr`` + funasr's ``apply_cmvn`` + funasr's collator
-(tests/test_feats_batch.py): LFR only copies, and CMVN is the same float32 add then multiply.
+(tests/unit/data/test_feats_batch.py): LFR only copies, and CMVN is the same float32 add then multiply.
 
   reader = ArkReader()
   speech, lengths = speech_batch(reader, sources, frames, frontend, pad_value=0.0)
@@ -29,6 +29,7 @@ import kaldiio
 import numpy as np
 import torch
 
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data.shm_pool import SlotPool, rebuild
 from funasr_recipe.features.cmvn import lfr
 
@@ -66,7 +67,7 @@ class ArkReader:
         want = HEADER + max(frames, 0) * dim * 4
         got = self._read_into(fd, offset, want)
         if got < HEADER:
-            raise ValueError(f"ark ends {got} bytes after the offset, inside the matrix header")
+            raise BadInputError(f"ark ends {got} bytes after the offset, inside the matrix header")
         head = np.frombuffer(self._buf, dtype=_HEADER_DTYPE, count=1, offset=1)[0]
         if head["binary"] != b"\0B" or head["kind"] != b"FM ":
             return None
@@ -75,7 +76,7 @@ class ArkReader:
         if need > got:  # the hint was short (or wrong): read the whole matrix now that its size is known
             got = self._read_into(fd, offset, need)
             if got < need:
-                raise ValueError(f"ark ends inside a {rows}x{cols} matrix ({got} of {need} bytes)")
+                raise BadInputError(f"ark ends inside a {rows}x{cols} matrix ({got} of {need} bytes)")
         data = np.frombuffer(self._buf, dtype=np.float32, count=rows * cols, offset=_ALIGN)
         return data.reshape(rows, cols)
 
@@ -115,8 +116,8 @@ def read_features(reader: ArkReader, source: str, frames: int, n_mels: int) -> n
     """``reader.read``, checked against the frontend's mel bins (ValueError naming the source)."""
     mat = reader.read(source, frames, n_mels)
     if mat.ndim != 2 or mat.shape[1] != n_mels:
-        raise ValueError(f"features {source} have shape {mat.shape}, the frontend expects {n_mels} mel bins: "
-                         "rerun stage 1 with this config")
+        raise BadInputError(f"features {source} have shape {mat.shape}, the frontend expects {n_mels} mel "
+                            "bins: rerun stage 1 with this config")
     return mat
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from funasr_recipe.core.rejections import BadInputError
+
 BOM = b"\xef\xbb\xbf"
 _EOL = re.compile(rb"\r\n|\r|\n")
 BLOCK = 1 << 20  # bytes read at a time by iter_lines
@@ -78,7 +80,7 @@ def parse_line(raw: bytes, lineno: int) -> Record | None:
     return Record(key, lineno, value)
 
 
-class TableError(ValueError):
+class TableError(BadInputError):
     """A Kaldi table that cannot be read as one: the message names the file (and the line)."""
 
 

@@ -51,6 +51,7 @@ from pathlib import Path
 from funasr_recipe.core.files import write_atomic
 from funasr_recipe.core.jsonl import iter_jsonl
 from funasr_recipe.core.log import Progress
+from funasr_recipe.core.rejections import BadInputError
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def split_source(source: str) -> tuple[str, str]:
     """``"/d/shards/00000.ark:24"`` -> ``("/d/shards/00000.ark", ":24")``; a plain path keeps ``""``."""
     m = _SOURCE.match(source)
     if m is None:
-        raise ValueError(f"empty source {source!r}")
+        raise BadInputError(f"empty source {source!r}")
     return m["path"], m["rest"] or ""
 
 
@@ -149,7 +150,7 @@ def plan_fill(dump_dir: Path, view: Path, sets: Iterable[str]) -> Plan:
         for lineno, obj in iter_jsonl(jsonl):
             source = obj.get("source")
             if not isinstance(source, str):
-                raise ValueError(f"{jsonl}:{lineno}: no 'source': not a stage-1 data.jsonl line")
+                raise BadInputError(f"{jsonl}:{lineno}: no 'source': not a stage-1 data.jsonl line")
             path = split_source(source)[0]
             if path in seen:
                 continue
@@ -283,8 +284,8 @@ def fill(dump_dir: Path, cache_root: Path, sets: Iterable[str], threads: int = 8
     at a time per view (a lock file: a second run on the node waits, then finds it current)."""
     sets = list(dict.fromkeys(sets))
     if Path(os.path.realpath(cache_root)).is_relative_to(os.path.realpath(dump_dir)):
-        raise ValueError(f"--local-cache {cache_root} is inside the dump dir {dump_dir}: give a node-local "
-                         "dir (NVMe, /dev/shm)")
+        raise BadInputError(f"--local-cache {cache_root} is inside the dump dir {dump_dir}: give a "
+                            "node-local dir (NVMe, /dev/shm)")
     view = view_dir(Path(os.path.abspath(cache_root)), dump_dir)
     view.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()

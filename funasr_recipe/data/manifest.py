@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from funasr_recipe.core.jsonl import iter_jsonl
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.features.audio import AudioInfo, is_pipe
 
 
@@ -46,11 +47,11 @@ def read_utterances(jsonl: Path, max_utts: int | None = None) -> list[dict]:
     utts = []
     for lineno, obj in iter_jsonl(jsonl):
         if "key" not in obj or "source" not in obj:
-            raise ValueError(f"{jsonl}:{lineno}: not a data.jsonl line with key and source")
+            raise BadInputError(f"{jsonl}:{lineno}: not a data.jsonl line with key and source")
         utts.append({"key": str(obj["key"]), "source": str(obj["source"]),
                      "target": str(obj.get("target", "")), "lang": obj.get("text_language")})
         if max_utts and len(utts) >= max_utts:
             break
     if not utts:
-        raise ValueError(f"{jsonl}: no utterances")
+        raise BadInputError(f"{jsonl}: no utterances")
     return utts

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from funasr_recipe.core.jsonl import iter_jsonl
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.features.audio import is_pipe
 
 OVERLAP_TSV = "overlap.tsv"
@@ -49,7 +50,7 @@ def _utterances(data_dir: Path, name: str) -> Iterator[tuple[str, str]]:
     path = data_dir / name / "data.jsonl"
     for lineno, obj in iter_jsonl(path):
         if not isinstance(obj.get("key"), str) or not isinstance(obj.get("source"), str):
-            raise ValueError(f"{path}:{lineno}: not a data.jsonl line (a key and a source are needed)")
+            raise BadInputError(f"{path}:{lineno}: not a data.jsonl line (a key and a source are needed)")
         yield obj["key"], obj["source"]
 
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from funasr_recipe.core.files import write_atomic
 from funasr_recipe.core.jsonl import iter_jsonl
-from funasr_recipe.core.rejections import REJECTED_HEADER, Rejection
+from funasr_recipe.core.rejections import REJECTED_HEADER, BadInputError, Rejection
 from funasr_recipe.data.kaldi_table import iter_table
 from funasr_recipe.data.tags import TAG_FIELDS, bare_tag, canonical_tag
 
@@ -69,13 +69,13 @@ def _copy_lines(path: Path, f, new_sources: set[str] | None, clash_with: set[str
     for lineno, obj in iter_jsonl(path):
         source = obj.get("source")
         if not isinstance(source, str):
-            raise ValueError(f"{path}:{lineno}: no 'source': not a data.jsonl line")
+            raise BadInputError(f"{path}:{lineno}: no 'source': not a data.jsonl line")
         if new_sources is not None:
             new_sources.add(source)
         elif clash_with is not None and source in clash_with:
             # The sampler tells replay from new utterances by source: one in both would be replay only.
-            raise ValueError(f"{path}:{lineno}: source {source} is in the training set {train_jsonl} too; "
-                             "leave it out of one of the two")
+            raise BadInputError(f"{path}:{lineno}: source {source} is in the training set {train_jsonl} too; "
+                                "leave it out of one of the two")
         f.write(json.dumps(obj, ensure_ascii=False) + "\n")
         n += 1
     return n
@@ -99,12 +99,12 @@ def write_train_list(train_jsonl: Path, replay_jsonls: Sequence[Path], out: Path
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
             counts.new = _copy_lines(Path(train_jsonl), f, sources, None)
             if counts.new == 0:
-                raise ValueError(f"{train_jsonl}: no utterances to fine-tune on")
+                raise BadInputError(f"{train_jsonl}: no utterances to fine-tune on")
             for pool in map(Path, replay_jsonls):
                 n = _copy_lines(pool, f, None, sources, Path(train_jsonl))
                 if n == 0:
                     report = (Path(data_dir) / pool.parent.name if data_dir else pool.parent) / "report.json"
-                    raise ValueError(f"{pool}: no usable utterances; stage 0's report {report} says why")
+                    raise BadInputError(f"{pool}: no usable utterances; stage 0's report {report} says why")
                 counts.pools[str(pool)] = n
         os.replace(tmp, out)
     finally:
@@ -127,7 +127,7 @@ def replay_sources(replay_list: str | Path | Iterable[str | Path]) -> set[str]:
     found = {funasr_source(str(obj["source"])) for p in paths for _, obj in iter_jsonl(Path(p))
              if "source" in obj}
     if not found:
-        raise ValueError(f"replay_list {', '.join(map(str, paths))}: no line with a source")
+        raise BadInputError(f"replay_list {', '.join(map(str, paths))}: no line with a source")
     return found
 
 
@@ -142,7 +142,7 @@ class ReplaySelector:
 
     def __init__(self, is_replay: np.ndarray, ratio: float, seed: int = 0) -> None:
         if not (math.isfinite(ratio) and ratio >= 0):
-            raise ValueError(f"replay ratio must be a number >= 0, got {ratio}")
+            raise BadInputError(f"replay ratio must be a number >= 0, got {ratio}")
         self.is_replay = np.asarray(is_replay, dtype=bool)
         self.ratio, self.seed = float(ratio), int(seed)
 
@@ -160,8 +160,8 @@ class ReplaySelector:
         if k == 0:
             return new
         if len(pool) == 0:
-            raise ValueError(f"replay ratio {self.ratio} asks for {k} replay utterances and none of the "
-                             f"{int(self.is_replay.sum())} replay lines is left after the length limits")
+            raise BadInputError(f"replay ratio {self.ratio} asks for {k} replay utterances and none of the "
+                                f"{int(self.is_replay.sum())} replay lines is left after the length limits")
         whole, rest = divmod(k, len(pool))
         if whole:
             message = (f"the replay pool holds {len(pool)} utterances, ratio {self.ratio} asks for {k} per "
@@ -181,13 +181,13 @@ def wav_scp_items(wav_scp: Path) -> list[tuple[int, dict]]:
     items = []
     for rec in iter_table(wav_scp):
         if rec.key in seen:
-            raise ValueError(f"{wav_scp}:{rec.lineno}: key {rec.key} is on line {seen[rec.key]} too")
+            raise BadInputError(f"{wav_scp}:{rec.lineno}: key {rec.key} is on line {seen[rec.key]} too")
         if not rec.value:
-            raise ValueError(f"{wav_scp}:{rec.lineno}: key {rec.key} has no audio")
+            raise BadInputError(f"{wav_scp}:{rec.lineno}: key {rec.key} has no audio")
         seen[rec.key] = rec.lineno
         items.append((rec.lineno, {"key": rec.key, "source": rec.value}))
     if not items:
-        raise ValueError(f"{wav_scp}: no entries")
+        raise BadInputError(f"{wav_scp}: no entries")
     return items
 
 
@@ -215,12 +215,12 @@ def jsonl_to_kaldi(jsonl: Path, dest: Path) -> int:
     for lineno, obj in iter_jsonl(jsonl):
         missing = [f for f in ("key", "source", "target") if not isinstance(obj.get(f), str)]
         if missing or not obj["key"].strip() or any(c.isspace() for c in obj["key"]):
-            raise ValueError(f"{jsonl}:{lineno}: a replay manifest line needs string key (no spaces), source "
-                             f"and target fields{f'; missing {missing}' if missing else ''}")
+            raise BadInputError(f"{jsonl}:{lineno}: a replay manifest line needs string key (no spaces), "
+                                f"source and target fields{f'; missing {missing}' if missing else ''}")
         tags = {kind: bare_tag(obj[field]) for kind, field in TAG_FIELDS.items() if obj.get(field)}
         rows.append((obj["key"], obj["source"], " ".join(obj["target"].split()), tags))
     if not rows:
-        raise ValueError(f"{jsonl}: no lines")
+        raise BadInputError(f"{jsonl}: no lines")
     pseudo_label_dest(dest, rows, {})
     return len(rows)
 
@@ -274,7 +274,7 @@ def merge_pseudo_labels(shards: Iterable[dict], wav_scp: Path, min_logprob: floa
     if not kept:
         scores = [h["logprob"] for h in hyps.values() if h.get("logprob") is not None]
         best = f"; the best mean log-probability is {max(scores):.4f}" if scores else ""
-        raise ValueError(f"pseudo-labels of {wav_scp}: none of {len(left)} utterances is kept "
-                         f"(--min-logprob {min_logprob}{best}); see {out / 'left_out.tsv'}")
+        raise BadInputError(f"pseudo-labels of {wav_scp}: none of {len(left)} utterances is kept "
+                            f"(--min-logprob {min_logprob}{best}); see {out / 'left_out.tsv'}")
     pseudo_label_dest(dest, kept, speakers)
     return summary

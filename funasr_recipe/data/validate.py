@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from funasr_recipe.core.log import Progress
-from funasr_recipe.core.rejections import REJECTED_HEADER, Rejection
+from funasr_recipe.core.rejections import REJECTED_HEADER, BadInputError, Rejection
 from funasr_recipe.data.kaldi_table import (
     Record,
     TableError,
@@ -192,7 +192,7 @@ def validate_set(set_dir: Path, language: str = "en", emotion: str = "NEUTRAL", 
                               allow_pipes=allow_pipes)
     for kind in ("language", "emotion", "event", "itn"):
         if canonical_tag(kind, getattr(opts, kind)) is None:
-            raise ValueError(f"declared {kind} {getattr(opts, kind)!r} is not a SenseVoice tag")
+            raise BadInputError(f"declared {kind} {getattr(opts, kind)!r} is not a SenseVoice tag")
     for required in ("wav.scp", "text"):
         try:  # Path.is_file() would raise a bare PermissionError for a directory this user may not enter
             is_file = stat.S_ISREG(os.stat(set_dir / required).st_mode)

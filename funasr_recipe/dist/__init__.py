@@ -1,1 +1,2 @@
-"""Work over every process of every node without a process group: rank slicing, markers, node check-in."""
+"""Work over every process of every node: rank slicing, markers, node check-in and heartbeats, and
+the preflight across nodes before training (agreement, shared dirs, bandwidth, communication profiles)."""

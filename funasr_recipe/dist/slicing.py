@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from funasr_recipe.core.rejections import BadInputError
+
 T = TypeVar("T")
 
 
@@ -24,14 +26,14 @@ def shard_size_for(n_items: int, max_size: int, world_size: int) -> int:
     of ``max_size`` would leave a process without work (a demo set of 500 on 2 processes: 250). A large
     set keeps shards of ``max_size``, whatever the number of processes."""
     if max_size < 1 or world_size < 1:
-        raise ValueError(f"shard size {max_size} and world size {world_size} must be positive")
+        raise BadInputError(f"shard size {max_size} and world size {world_size} must be positive")
     return max(1, min(max_size, -(-n_items // world_size)))
 
 
 def check_rank(rank: int, world_size: int) -> None:
     """ValueError unless 0 <= rank < world_size."""
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
+        raise BadInputError(f"rank {rank} is not in 0..{world_size - 1}")
 
 
 def my_shards(n_shards: int, rank: int, world_size: int) -> list[int]:

@@ -1,9 +1,10 @@
 """Audio access for every stage: header probing now, decoding/resampling as later stages need it.
 
 Audio is read with soundfile, never with ``torchaudio.load``: in torchaudio 2.9 that goes through
-torchcodec/FFmpeg and is about 30x slower (DESIGN.md). A wav.scp entry is a path, or a Kaldi pipe
-``cmd |`` whose standard output is an audio file; a pipe runs in its own process group, which is
-killed whole when it runs over PIPE_TIMEOUT_S. Reads audio files and pipes' output; writes nothing.
+torchcodec/FFmpeg and is about 30x slower (docs/design.md, "Audio I/O and ONNX"). A wav.scp entry is
+a path, or a Kaldi pipe ``cmd |`` whose standard output is an audio file; a pipe runs in its own
+process group, which is killed whole when it runs over PIPE_TIMEOUT_S. Reads audio files and pipes' output;
+writes nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import soundfile as sf
 
+from funasr_recipe.core.rejections import BadInputError
+
 # Reading the last samples catches a compressed file (FLAC) cut short: its header still promises
 # the full length, and only decoding the tail fails.
 _TAIL_SECONDS = 0.1
@@ -30,7 +33,7 @@ _BUFFER = re.compile(r"<_io\.BytesIO object at 0x[0-9a-f]+>")
 PIPE_TIMEOUT_S = float(os.environ.get("RECIPE_PIPE_TIMEOUT_S", 120))
 
 
-class AudioError(Exception):
+class AudioError(BadInputError):
     """An audio entry that cannot be used; ``reason`` is a stable identifier for reports."""
 
     def __init__(self, reason: str, detail: str) -> None:

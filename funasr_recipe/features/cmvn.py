@@ -2,7 +2,7 @@
 
 funasr's ``WavFrontend`` applies LFR (stacking ``lfr_m`` frames every ``lfr_n``) and THEN CMVN, so
 the statistics are taken over LFR frames (560-dim for SenseVoice/Paraformer), with edge padding
-exactly as funasr's ``apply_lfr`` pads (tests/test_fbank.py compares the two on every length).
+exactly as funasr's ``apply_lfr`` pads (tests/unit/features/test_fbank.py compares the two on every length).
 
 Reads fbank matrices; writes ``<shard>.stats.npz`` partial sums and the merged ``am.mvn`` (Kaldi
 nnet1 text: ``<AddShift>`` holds -mean, ``<Rescale>`` holds 1/std, as ``load_cmvn`` parses them).
@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from funasr_recipe.core.rejections import BadInputError
 
 if TYPE_CHECKING:
     from funasr_recipe.features.fbank import FbankConf
@@ -100,7 +102,7 @@ class CmvnStats:
 
     def mean_std(self) -> tuple[np.ndarray, np.ndarray]:
         if not self.count:
-            raise ValueError("no frames: cannot compute CMVN")
+            raise BadInputError("no frames: cannot compute CMVN")
         mean = self.sum / self.count
         var = np.maximum(self.sumsq / self.count - np.square(mean), VAR_FLOOR)
         return mean, np.sqrt(var)
@@ -134,7 +136,7 @@ def read_am_mvn(path: Path) -> tuple[np.ndarray, np.ndarray]:
             elif head[0] == "<Rescale>":
                 scale = np.array(values[3:-1], dtype=np.float32)
     if shift is None or scale is None or shift.shape != scale.shape:
-        raise ValueError(f"{path}: not an am.mvn with <AddShift> and <Rescale> of one dimension")
+        raise BadInputError(f"{path}: not an am.mvn with <AddShift> and <Rescale> of one dimension")
     return shift, scale
 
 

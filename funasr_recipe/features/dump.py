@@ -37,7 +37,7 @@ import kaldiio
 import numpy as np
 
 from funasr_recipe.core.log import Progress
-from funasr_recipe.core.rejections import REJECTED_HEADER, Rejection
+from funasr_recipe.core.rejections import REJECTED_HEADER, BadInputError, Rejection
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done, marker_info, wait_for_shards
 from funasr_recipe.dist.slicing import my_shards, num_shards, shard_size_for
 from funasr_recipe.features.audio import AudioError, load_audio
@@ -219,12 +219,12 @@ def plan_sets(data_dir: Path, dump_dir: Path, sets: list[str], train_set: str, s
     training set only."""
     factors = tuple(float(f) for f in speed_perturb.split())
     if not factors or any(not 0.5 <= f <= 2.0 for f in factors):
-        raise ValueError(f"--speed-perturb '{speed_perturb}': factors must lie in [0.5, 2]")
+        raise BadInputError(f"--speed-perturb '{speed_perturb}': factors must lie in [0.5, 2]")
     # By the keys they give, not the floats: 1.0 and 1, or 0.9 and 0.9000001 ("sp0.9-"), would clash.
     names = Counter(speed_key("", f) for f in factors)
     if twice := [f for f in factors if names[speed_key("", f)] > 1]:
-        raise ValueError(f"--speed-perturb '{speed_perturb}': factor {twice[0]:g} is given more than once; "
-                         "each copy of an utterance needs its own key")
+        raise BadInputError(f"--speed-perturb '{speed_perturb}': factor {twice[0]:g} is given more than "
+                            "once; each copy of an utterance needs its own key")
     return [plan_set(data_dir, dump_dir, name, factors if name == train_set else (1.0,), shard_size, conf,
                      world_size) for name in sets]
 
@@ -321,7 +321,7 @@ def merge_set(plan: SetPlan, conf: FbankConf, world_size: int, timeout: float) -
     if report["rejected"]:
         log.warning("%d rejected jobs are listed in %s", report["rejected"], plan.out / "rejected.tsv")
     if not report["accepted"]:
-        raise ValueError(f"{plan.out}: no features were written; see {plan.out / 'rejected.tsv'}")
+        raise BadInputError(f"{plan.out}: no features were written; see {plan.out / 'rejected.tsv'}")
     return report, stats
 
 

@@ -130,8 +130,8 @@ def kaldi_fbank(x: torch.Tensor, conf: FbankConf, frame_length: float) -> torch.
 
     The same arithmetic in the same order, except that the window and mel matrix are cached rather
     than rebuilt per call, and power is re^2 + im^2 summed inside the mel product rather than
-    abs()^2: together about 2x faster on 3 s clips. tests/test_fbank.py checks it against torchaudio,
-    and tests/test_compute_fbank.py against funasr's WavFrontend.
+    abs()^2: together about 2x faster on 3 s clips. tests/unit/features/test_fbank.py checks it against
+    torchaudio, and tests/unit/features/test_compute_fbank.py against funasr's WavFrontend.
     """
     window_size = int(conf.fs * frame_length * 0.001)
     win, mel, padded = _kernel(window_size, conf.n_mels, conf.fs, conf.window)

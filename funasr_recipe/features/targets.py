@@ -22,7 +22,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from funasr_recipe.core.rejections import Rejection
+from funasr_recipe.core.rejections import BadInputError, Rejection
+from funasr_recipe.families.registry import FAMILIES
 from funasr_recipe.features.dump import SetPlan, key_origins
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ _NO_SUBSAMPLING = {"SenseVoiceEncoderSmall"}
 # Models whose loss always includes CTC on the text tokens. SenseVoiceSmall prepends 4 query frames
 # (language, event, emotion, text norm) to the encoder input and takes them off again before its CTC
 # (encoder_out[:, 4:], encoder_out_lens - 4, text[:, 4:]): the CTC sees the LFR frames and the text.
-_ALWAYS_CTC = {"SenseVoiceSmall", "ConformerCTC"}
+_ALWAYS_CTC = {name for name, spec in FAMILIES.items() if spec.always_ctc}
 
 
 def output_frames(fbank_frames: int, lfr_n: int, input_layer: str | None) -> int:
@@ -127,7 +128,7 @@ def load_tokenizer(model_cfg: Mapping) -> Any:
     name = model_cfg.get("tokenizer")
     cls = tables.tokenizer_classes.get(name) if name else None
     if cls is None:
-        raise ValueError(f"tokenizer {name!r} is not one of funasr's {sorted(tables.tokenizer_classes)}")
+        raise BadInputError(f"tokenizer {name!r} is not one of funasr's {sorted(tables.tokenizer_classes)}")
     return cls(**(model_cfg.get("tokenizer_conf") or {}))
 
 
@@ -189,5 +190,5 @@ def _update_report(path: Path, n: int, frames: int, frame_shift_ms: float) -> No
     report["hours"] = round(max(0.0, report["hours"] - frames * frame_shift_ms / 1000 / 3600), 4)
     path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     if not report["accepted"]:
-        raise ValueError(f"{path.parent}: no utterance left after the target-length check; see "
-                         f"{path.parent / 'rejected.tsv'}")
+        raise BadInputError(f"{path.parent}: no utterance left after the target-length check; see "
+                            f"{path.parent / 'rejected.tsv'}")

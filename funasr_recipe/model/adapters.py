@@ -3,7 +3,7 @@ turns a checkpoint of such a run back into a plain model of the base graph.
 
 Reads  <exp>/adapter.json (the run's LoRA settings and frozen prefixes) and <exp>/frozen_fp32.pt (fp32
        copies of every parameter that did not train, written at training start by
-       funasr_recipe/train/finetune.py);
+       funasr_recipe/compat/finetune.py);
 writes <exp>/adapter.json (``write_adapter_json``); everything else works on models and state dicts in
        memory.
 
@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 
 from funasr_recipe.core.files import write_atomic
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.model.checkpoint import safe_load
 
 ADAPTER_FILE = "adapter.json"
@@ -56,13 +57,13 @@ class LoraSpec:
 
     def __post_init__(self) -> None:
         if self.rank < 1:
-            raise ValueError(f"LoRA rank must be at least 1 (got {self.rank})")
+            raise BadInputError(f"LoRA rank must be at least 1 (got {self.rank})")
         if self.alpha <= 0:
-            raise ValueError(f"LoRA alpha must be positive (got {self.alpha})")
+            raise BadInputError(f"LoRA alpha must be positive (got {self.alpha})")
         if not self.targets or not all(t.strip() for t in self.targets):
-            raise ValueError(f"LoRA needs target module names (got {list(self.targets)})")
+            raise BadInputError(f"LoRA needs target module names (got {list(self.targets)})")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"LoRA dropout must be in [0, 1) (got {self.dropout})")
+            raise BadInputError(f"LoRA dropout must be in [0, 1) (got {self.dropout})")
 
     @classmethod
     def with_defaults(cls, rank: int, targets: tuple[str, ...] = DEFAULT_TARGETS, alpha: float | None = None,
@@ -103,7 +104,7 @@ def read_adapter_json(exp_dir: Path) -> AdapterInfo | None:
                                                   tuple(lora["targets"]), float(lora.get("dropout", 0.0)))
         return AdapterInfo(spec, tuple(data.get("frozen") or ()))
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{path}: not an adapter record of this recipe ({e})") from None
+        raise BadInputError(f"{path}: not an adapter record of this recipe ({e})") from None
 
 
 def _matches(name: str, target: str) -> bool:
@@ -135,8 +136,8 @@ def lora_layers(model: torch.nn.Module, targets: tuple[str, ...]) -> list[str]:
     for target in targets:
         hits = [n for n in linears if _matches(n, target)]
         if not hits:
-            raise ValueError(f"LoRA target {target!r} names no nn.Linear of {type(model).__name__}; its "
-                             f"Linear layers: {_shortened(linears)}")
+            raise BadInputError(f"LoRA target {target!r} names no nn.Linear of {type(model).__name__}; its "
+                                f"Linear layers: {_shortened(linears)}")
         chosen.update(hits)
     return [n for n in linears if n in chosen]
 
@@ -199,8 +200,8 @@ def freeze_check(model: torch.nn.Module, prefixes: tuple[str, ...]) -> tuple[int
     for p in prefixes:
         if not frozen_names(model, (p,)):
             tops = ", ".join(dict.fromkeys(k.split(".", 1)[0] for k in names))
-            raise ValueError(f"freeze prefix {p!r} names no parameter of {type(model).__name__}; its "
-                             f"top-level modules: {tops}")
+            raise BadInputError(f"freeze prefix {p!r} names no parameter of {type(model).__name__}; its "
+                                f"top-level modules: {tops}")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return trainable, sum(p.numel() for p in model.parameters())
 
@@ -226,7 +227,7 @@ def finish_state_dict(exp_dir: Path, state: dict[str, torch.Tensor]) -> dict[str
         if not has_adapters and _BASE in k and info.lora is not None:
             continue  # merged already: the layer's weight is base + adapter
         if k in out and out[k].shape != v.shape:
-            raise ValueError(f"{path}: frozen parameter {k} has shape {tuple(v.shape)}, the checkpoint "
-                             f"{tuple(out[k].shape)}")
+            raise BadInputError(f"{path}: frozen parameter {k} has shape {tuple(v.shape)}, the checkpoint "
+                                f"{tuple(out[k].shape)}")
         out[k] = v.float()
     return merge_lora_state(out, info.lora) if info.lora is not None and has_adapters else out

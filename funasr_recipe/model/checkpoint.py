@@ -1,18 +1,12 @@
-"""Checkpoints of a training run: their fp32 weights, their validation losses, the average of the best.
+"""Checkpoints of a training run, loaded safely: their fp32 weights (the averaging of the best is
+funasr_recipe/model/averaging.py).
 
-Reads  <exp-dir>/model.pt (funasr's latest checkpoint: its ``saved_ckpts`` maps each kept checkpoint to
-       its validation loss) and checkpoints of <exp-dir>: DeepSpeed tag dirs (their fp32 master weights,
-       through DeepSpeed's zero_to_fp32) or state-dict files (the ddp engine);
-writes <exp-dir>/model.pt.avg<n> (``average``: a plain fp32 state dict).
-
-Why not funasr's own average: at the end of training funasr averages the bf16 module copies of
-DeepSpeed checkpoints (its ``model.pt.avg<n>``, which ``average`` replaces); the optimizer's fp32 masters
-are the weights training actually holds, and averaging bf16 copies rounds every weight to 8 bits of
-mantissa first.
+Reads  checkpoints of <exp-dir>: DeepSpeed tag dirs (their fp32 master weights, through DeepSpeed's
+       zero_to_fp32) or state-dict files (the ddp engine); writes nothing.
 
 Unpickling (the recipe's one account of ``torch.load``): a checkpoint is a pickle, and a pickle can run
 any code when it is loaded. Every load here, and so in local/average.py, local/make_model_dir.py and
-reports/package.py, is ``weights_only=True``: tensors, plain containers and an allowlist of classes; a
+packaging/package.py, is ``weights_only=True``: tensors, plain containers and an allowlist of classes; a
 file with anything else is refused (``UnsafeCheckpointError``) before any of it runs. DeepSpeed's
 zero_to_fp32 (the fp32 masters of a tag dir) calls ``torch.load(..., weights_only=False)`` itself:
 weights-only fails on its optimizer shards, which pickle DeepSpeed objects (a bf16 ZeRO-1 shard: a
@@ -27,13 +21,12 @@ what this job's own ranks wrote into its exp dir, in this run or the one it resu
 there can as well replace the weights training continues from, so keep the exp dir writable by its owner
 only.
 
-  path, names, losses = average(Path("exp/tiny_sensevoice"), num=5)
+  state = fp32_state_dict(Path("exp/tiny_sensevoice"), "model.pt.ep3")
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,14 +34,14 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger(__name__)
+from funasr_recipe.core.rejections import BadInputError
 
 
-class UnsafeCheckpointError(ValueError):
+class UnsafeCheckpointError(BadInputError):
     """A checkpoint holds something other than tensors, containers and allowed classes: not loaded."""
 
 
-class CorruptCheckpointError(ValueError):
+class CorruptCheckpointError(BadInputError):
     """A checkpoint file that is not a whole torch archive (truncated, overwritten): not loaded."""
 
 
@@ -119,63 +112,3 @@ def fp32_state_dict(exp_dir: Path, checkpoint: str) -> dict[str, torch.Tensor]:
     else:
         raise FileNotFoundError(f"no checkpoint {path}")
     return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
-
-
-def validation_losses(exp_dir: Path) -> dict[str, float]:
-    """Checkpoint name -> validation loss, as funasr's trainer recorded them in its latest checkpoint."""
-    latest = exp_dir / "model.pt"
-    state_file = latest / "mp_rank_00_model_states.pt" if latest.is_dir() else latest
-    if not state_file.is_file():
-        raise FileNotFoundError(f"{state_file}: no latest checkpoint; has stage 2 finished an epoch?")
-    state = safe_load(state_file)
-    losses = state.get("saved_ckpts") or state.get("val_loss_step_or_epoch") or {}
-    if state.get("avg_keep_nbest_models_type", "loss") != "loss":
-        # With "acc", saved_ckpts holds accuracies: the lowest would be the worst.
-        raise ValueError(f"{state_file}: checkpoints were kept by {state['avg_keep_nbest_models_type']}; "
-                         "set train_conf.avg_keep_nbest_models_type=loss (DESIGN.md says why)")
-    return {name: float(loss) for name, loss in losses.items()}
-
-
-def select_best(losses: dict[str, float], num: int, exp_dir: Path) -> list[str]:
-    """The ``num`` checkpoints with the lowest loss that are still on disk, best first."""
-    present = {name: loss for name, loss in losses.items() if (exp_dir / name).exists()}
-    if gone := sorted(set(losses) - set(present)):
-        log.warning("%d recorded checkpoints are no longer on disk (%s); choosing among the rest",
-                    len(gone), ", ".join(gone[:5]))
-    if not present:
-        raise FileNotFoundError(f"{exp_dir}: none of the recorded checkpoints exists ({sorted(losses)})")
-    return sorted(present, key=lambda name: (present[name], name))[:num]
-
-
-def average_fp32(exp_dir: Path, names: list[str]) -> dict[str, torch.Tensor]:
-    """Element-wise mean of the checkpoints' fp32 weights (accumulated in fp64); integer tensors
-    (BatchNorm's num_batches_tracked) are taken from the first, the best. Each checkpoint of a run with
-    LoRA adapters is merged first: the mean of B A over checkpoints is not mean(B) mean(A)."""
-    from funasr_recipe.model.adapters import finish_state_dict  # it imports this module
-
-    total: dict[str, torch.Tensor] = {}
-    for i, name in enumerate(names):
-        state = finish_state_dict(exp_dir, fp32_state_dict(exp_dir, name))
-        if i == 0:
-            total = {k: v.double() if v.is_floating_point() else v.clone() for k, v in state.items()}
-            continue
-        if state.keys() != total.keys():
-            raise ValueError(f"{exp_dir / name} has other parameters than {exp_dir / names[0]}")
-        for k, v in state.items():
-            if v.is_floating_point():
-                total[k] += v.double()
-    return {k: (v / len(names)).float() if v.is_floating_point() else v for k, v in total.items()}
-
-
-def average(exp_dir: Path, num: int) -> tuple[Path, list[str], dict[str, float]]:
-    """Write model.pt.avg<k> (k = how many were averaged, at most ``num``); returns its path, the names
-    averaged (best first) and every recorded validation loss."""
-    losses = validation_losses(exp_dir)
-    names = select_best(losses, num, exp_dir)
-    if len(names) < num:
-        log.warning("only %d checkpoints to average (asked for %d)", len(names), num)
-    log.info("averaging %s (validation loss %s)", ", ".join(names),
-             ", ".join(f"{losses[n]:.3f}" for n in names))
-    out = exp_dir / f"model.pt.avg{len(names)}"
-    torch.save(average_fp32(exp_dir, names), out)
-    return out, names, losses

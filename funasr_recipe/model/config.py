@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
+from funasr_recipe.core.rejections import BadInputError
+
 if TYPE_CHECKING:  # features/fbank.py imports torch (2 s), which local/resolve_model.py has no use for
     from funasr_recipe.features.fbank import FbankConf
 
@@ -38,8 +40,8 @@ def fbank_conf(cfg: DictConfig) -> FbankConf:
 
     frontend = cfg.get("frontend", "WavFrontend")
     if frontend not in ("WavFrontend", "wav_frontend"):
-        raise ValueError(f"frontend '{frontend}': stage 1 computes features for WavFrontend only; "
-                         "use --feats-type raw for other frontends")
+        raise BadInputError(f"frontend '{frontend}': stage 1 computes features for WavFrontend only; "
+                            "use --feats-type raw for other frontends")
     return FbankConf.from_frontend_conf(OmegaConf.to_container(cfg.get("frontend_conf") or {}, resolve=True))
 
 

@@ -35,6 +35,9 @@ from funasr.utils.datadir_writer import DatadirWriter
 from funasr.utils.load_utils import extract_fbank, load_audio_text_image_video
 from rapidfuzz.distance import Levenshtein
 
+from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.families.registry import CONFORMER_CTC
+
 # Input layers that take (x, mask) and subsample both; the others take x alone (ConformerEncoder's list).
 _SUBSAMPLING = (subsampling.Conv2dSubsampling, subsampling.Conv2dSubsampling2, subsampling.Conv2dSubsampling6,
                 subsampling.Conv2dSubsampling8, subsampling.Conv2dSubsamplingPad)
@@ -45,7 +48,7 @@ def _build(table: str, name: str | None, conf: dict | None) -> torch.nn.Module |
         return None
     cls = getattr(tables, table).get(name)
     if cls is None:
-        raise ValueError(f"{name!r} is not in funasr's {table}: {', '.join(getattr(tables, table))}")
+        raise BadInputError(f"{name!r} is not in funasr's {table}: {', '.join(getattr(tables, table))}")
     return cls(**(conf or {}))
 
 
@@ -54,7 +57,7 @@ def edit_distance(ref: list[int], hyp: list[int]) -> int:
     return Levenshtein.distance(ref, hyp)
 
 
-@tables.register("model_classes", "ConformerCTC")
+@tables.register("model_classes", CONFORMER_CTC.name)
 class ConformerCTC(torch.nn.Module):
     """Encoder + CTC output layer, trained with CTC loss alone and decoded greedily."""
 
@@ -66,10 +69,10 @@ class ConformerCTC(torch.nn.Module):
                  length_normalized_loss: bool = False, **kwargs: Any) -> None:
         super().__init__()
         if vocab_size is None or vocab_size <= 0:
-            raise ValueError(f"vocab_size {vocab_size}: funasr takes it from the tokenizer; "
-                             "set tokenizer_conf.bpemodel to the model stage 1 built")
+            raise BadInputError(f"vocab_size {vocab_size}: funasr takes it from the tokenizer; "
+                                "set tokenizer_conf.bpemodel to the model stage 1 built")
         if input_size is None:
-            raise ValueError("input_size is unknown: give the config a frontend (WavFrontend)")
+            raise BadInputError("input_size is unknown: give the config a frontend (WavFrontend)")
         self.specaug = _build("specaug_classes", specaug, specaug_conf)
         self.normalize = _build("normalize_classes", normalize, normalize_conf)
         self.encoder = _build("encoder_classes", encoder, {"input_size": input_size, **(encoder_conf or {})})
@@ -178,14 +181,14 @@ class ConformerCTCExport(torch.nn.Module):
         super().__init__()
         enc = model.encoder
         if not all(hasattr(enc, a) for a in ("embed", "encoders", "normalize_before")):
-            raise NotImplementedError(f"ONNX export of {type(enc).__name__}: only encoders built like "
-                                      "ConformerEncoder/TransformerEncoder (embed, encoders, after_norm)")
+            raise BadInputError(f"ONNX export of {type(enc).__name__}: only encoders built like "
+                                "ConformerEncoder/TransformerEncoder (embed, encoders, after_norm)")
         if getattr(enc, "interctc_layer_idx", None):
-            raise NotImplementedError("ONNX export with intermediate CTC layers")
+            raise BadInputError("ONNX export with intermediate CTC layers")
         norm = model.normalize
         if norm is not None and not (isinstance(norm, UtteranceMVN) and not norm.norm_vars):
-            raise NotImplementedError(f"ONNX export with normalize {norm!r}: only UtteranceMVN "
-                                      "(norm_vars: false) is traced; global CMVN belongs in the frontend")
+            raise BadInputError(f"ONNX export with normalize {norm!r}: only UtteranceMVN "
+                                "(norm_vars: false) is traced; global CMVN belongs in the frontend")
         self.encoder = enc
         self.ctc_lo = model.ctc.ctc_lo
         self.norm_means = norm is not None and norm.norm_means

@@ -25,17 +25,11 @@ from typing import Any
 
 import torch
 
+from funasr_recipe.families.registry import decoding_spec
 from funasr_recipe.features.audio import load_audio
 from funasr_recipe.features.fbank import resample
 from funasr_recipe.model.model_dir import load_automodel
 
-# Frames before the audio in the encoder's input: SenseVoice prepends 4 query embeddings (language,
-# event and emotion, text normalisation: funasr/models/sense_voice/model.py inference), whose frames emit
-# the tags. They are left out of the score: near-certain for every input, they lift a clip of noise to a
-# clean one's level. Measured on the demo model (500 dev clips, 30 of white noise): with them noise
-# averages -0.16 and correctly recognised clips -0.09; without, -0.54 and -0.11, and a threshold of -0.3
-# keeps 90% of the correct clips, 36% of the misrecognised ones and 3% of the noise.
-PROMPT_FRAMES = {"SenseVoiceSmall": 4}
 Scored = tuple[str, float | None, int | None]
 
 
@@ -83,12 +77,13 @@ class TorchASR:
     def __init__(self, model_dir: Path, device: str = "cpu", threads: int | None = None) -> None:
         self.automodel = load_automodel(model_dir, device, threads)
         self.family = type(self.automodel.model).__name__
+        self.spec = decoding_spec(self.family)
         self.fs = int(getattr(self.automodel.kwargs.get("frontend"), "fs", 16000))
 
     @property
     def emits_tags(self) -> bool:
         """Whether the texts carry SenseVoice's language/emotion/event/itn tags."""
-        return self.family == "SenseVoiceSmall"
+        return self.spec.emits_tags
 
     def wave(self, source: str) -> torch.Tensor:
         """Mono float audio at the frontend's rate; raises features.audio.AudioError."""
@@ -119,7 +114,7 @@ class TorchASR:
     def scored(self) -> bool:
         """Whether ``transcribe_scored`` gives scores: the model decodes greedy CTC in its inference."""
         model = self.automodel.model
-        return self.family != "Paraformer" and hasattr(model, "ctc") and hasattr(model, "encoder")
+        return self.spec.ctc and hasattr(model, "ctc") and hasattr(model, "encoder")
 
     def transcribe_scored(self, inputs: list[torch.Tensor] | list[str], keys: list[str],
                           batch_size: int | None = None) -> list[Scored]:
@@ -130,7 +125,13 @@ class TorchASR:
         model = self.automodel.model
         with captured_ctc(model) as calls:
             texts = self.transcribe(inputs, keys, batch_size)
-        skip = PROMPT_FRAMES.get(self.family, 0)
+        # Frames before the audio in the encoder's output (SenseVoice's 4 prompt queries, which emit the
+        # tags) are left out of the score: near-certain for every input, they lift a clip of noise to a
+        # clean one's level. Measured on the demo model (500 dev clips, 30 of white noise): with them
+        # noise averages -0.16 and correctly recognised clips -0.09; without, -0.54 and -0.11, and a
+        # threshold of -0.3 keeps 90% of the correct clips, 36% of the misrecognised ones and 3% of the
+        # noise.
+        skip = self.spec.prompt_frames
         scores = [s for lp, n in calls for s in ctc_scores(lp, n, int(getattr(model, "blank_id", 0)), skip)]
         if len(scores) != len(texts):
             raise RuntimeError(f"captured {len(scores)} CTC outputs for {len(texts)} inputs ({keys[:3]}...)")

@@ -20,12 +20,19 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from funasr_recipe.core.rejections import BadInputError
+
 log = logging.getLogger(__name__)
+# Called with the model dir before AutoModel reads it: compat/lazy_import.install adds the registration of
+# the classes the dir's config names, which funasr imported without its __init__ lacks. This layer may not
+# import compat (tests/unit/repo/test_style.py), so the lazy import puts itself here.
+BEFORE_LOAD: list[Callable[[Path], object]] = []
 
 
 MODEL_FILES = ("configuration.json", "config.yaml")
@@ -83,10 +90,10 @@ def model_label(model_dir: Path, tag: str, pretrained: bool = False) -> str:
     try:
         recipe = json.loads(path.read_text(encoding="utf-8")).get("recipe") if path.is_file() else None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        raise BadInputError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
     if not recipe or "checkpoint" not in recipe:
-        raise ValueError(f"{path}: no recipe checkpoint; is {model_dir} a model dir of this recipe's "
-                         "stage 3?")
+        raise BadInputError(f"{path}: no recipe checkpoint; is {model_dir} a model dir of this recipe's "
+                            "stage 3?")
     return f"{tag} {str(recipe['checkpoint']).removeprefix('model.pt.')}"
 
 
@@ -106,11 +113,10 @@ def load_automodel(model_dir: Path, device: str = "cpu", threads: int | None = N
     import torch
     from funasr import AutoModel
 
-    from funasr_recipe.model.funasr_lazy import register_model_dir
-
     import_automodel()
 
-    register_model_dir(model_dir)  # funasr's classes its config names, where funasr is imported lazily
+    for before in BEFORE_LOAD:
+        before(model_dir)  # funasr's classes its config names, where funasr is imported lazily
 
     # ncpu: AutoModel otherwise sets 4 torch threads (torch.set_num_threads), whatever the launcher chose.
     model = AutoModel(model=str(model_dir), device=device, disable_update=True, disable_pbar=True,

@@ -2,7 +2,8 @@
 fine-tuning config (``pretrained_model`` set, no architecture of its own) is merged over it, that is the
 architecture and the training values the recipe's config must override.
 
-Read by tests/test_configs.py (the dry run of every fine-tuning config) and bench/gpu/random_model_dir.py
+Read by tests/unit/model/test_configs.py (the dry run of every fine-tuning config) and
+bench/gpu/random_model_dir.py
 (the GPU check's random-weight SenseVoiceSmall): one record of each architecture, not one per reader.
 
 Reads funasr_recipe/model/released_configs/<model>.yaml; writes nothing.
@@ -14,11 +15,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from funasr_recipe.model.tokenizer import SENSEVOICE_VOCAB_SIZE
+from funasr_recipe.families.registry import FAMILIES
 
 CONFIG_DIR = Path(__file__).with_name("released_configs")
 # The output layer's width, which a model dir's tokenizer gives and a config.yaml does not.
-VOCAB_SIZE = {"SenseVoiceSmall": SENSEVOICE_VOCAB_SIZE, "Paraformer": 8404}
+VOCAB_SIZE = {s.released: s.released_vocab_size for s in FAMILIES.values() if s.released}
 
 
 def released_path(model: str) -> Path:

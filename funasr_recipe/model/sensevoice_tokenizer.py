@@ -32,7 +32,7 @@ from funasr.register import tables
 from funasr.tokenizer.sentencepiece_tokenizer import SentencepiecesTokenizer
 
 from funasr_recipe.data.tags import TAG
-from funasr_recipe.model.tokenizer import SENSEVOICE_TOKENIZER
+from funasr_recipe.model.sensevoice_vocab import SENSEVOICE_TOKENIZER
 
 
 @tables.register("tokenizer_classes", SENSEVOICE_TOKENIZER)

@@ -31,63 +31,28 @@ from sentencepiece import sentencepiece_model_pb2 as sp_pb2
 
 from funasr_recipe.core.files import write_atomic
 from funasr_recipe.core.jsonl import iter_jsonl
-from funasr_recipe.data.tags import EMOTIONS, EVENTS, ITN, LANGUAGES
+from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.model.sensevoice_vocab import (
+    FIRST_TAG_ID,
+    SENSEVOICE_TAG_IDS,
+    SENSEVOICE_TOKENIZER,
+    SENSEVOICE_VOCAB_SIZE,
+)
 
 log = logging.getLogger(__name__)
 
 PLAIN_KINDS = ("bpe", "unigram", "char", "word")
 KINDS = (*PLAIN_KINDS, "sensevoice")
-SENSEVOICE_VOCAB_SIZE = 25055
-# The funasr tokenizer class (its registered name) that encodes the sensevoice kind:
-# model/sensevoice_tokenizer.py.
-SENSEVOICE_TOKENIZER = "SenseVoiceTagTokenizer"
-FIRST_TAG_ID = 24884  # learned pieces must all sit below the first tag
-
 # The file names the runtimes look for: funasr-onnx's SenseVoiceSmall loads the sensevoice one from
 # the model dir by this exact name.
 MODEL_FILE = {"sensevoice": "chn_jpn_yue_eng_ko_spectok.bpe.model",
               **{kind: "tokenizer.model" for kind in PLAIN_KINDS}}
 
-# Ids that funasr 1.4.16 SenseVoiceSmall (and funasr-onnx's copy of it) hard-code: lid_int_dict,
-# emo_dict and textnorm_int_dict in funasr/models/sense_voice/model.py. Only these are guaranteed to
-# equal the released tokenizer's ids.
-_MODEL_HARD_CODED = {
-    "<|zh|>": 24884, "<|en|>": 24885, "<|yue|>": 24888, "<|ja|>": 24892, "<|ko|>": 24896,
-    "<|nospeech|>": 24992,
-    "<|HAPPY|>": 25001, "<|SAD|>": 25002, "<|ANGRY|>": 25003, "<|NEUTRAL|>": 25004,
-    "<|EMO_UNKNOWN|>": 25009,
-    "<|withitn|>": 25016, "<|woitn|>": 25017,
-}
-# The other tags are not hard-coded by the model; these free ids in the tag range are our choice and
-# need not match the release (a model trained with this tokenizer only has to agree with itself).
-_OUR_CHOICE = {
-    "<|FEARFUL|>": 25005, "<|DISGUSTED|>": 25006, "<|SURPRISED|>": 25007,
-    "<|Speech|>": 24993, "<|BGM|>": 24994, "<|Applause|>": 24995, "<|Laughter|>": 24996,
-    "<|Cry|>": 24997, "<|Sneeze|>": 24998, "<|Breath|>": 24999, "<|Cough|>": 25000,
-    "<|Sing|>": 25010, "<|Speech_Noise|>": 25011, "<|Event_UNK|>": 25012,
-}
-
-
-def _tag_table() -> dict[str, int]:
-    table = {**_MODEL_HARD_CODED, **_OUR_CHOICE}
-    wanted = {f"<|{name}|>" for name in (*LANGUAGES, *EMOTIONS, *EVENTS, *ITN)}
-    # Fail at import rather than at training time if data/tags.py gains a tag.
-    if set(table) != wanted:
-        raise RuntimeError(f"SenseVoice tag ids out of step with funasr_recipe/data/tags.py: "
-                           f"no id for {sorted(wanted - set(table))}, unknown {sorted(set(table) - wanted)}")
-    ids = list(table.values())
-    if len(set(ids)) != len(ids) or not all(FIRST_TAG_ID <= i < SENSEVOICE_VOCAB_SIZE for i in ids):
-        raise RuntimeError("SenseVoice tag ids must be distinct and inside the tag range")
-    return dict(sorted(table.items(), key=lambda kv: kv[1]))
-
-
-SENSEVOICE_TAG_IDS: dict[str, int] = _tag_table()
-
 
 def model_file_name(kind: str) -> str:
     """File name of the sentencepiece model that build_tokenizer writes for this kind."""
     if kind not in MODEL_FILE:
-        raise ValueError(f"unknown tokenizer kind {kind!r}; choose one of {', '.join(KINDS)}")
+        raise BadInputError(f"unknown tokenizer kind {kind!r}; choose one of {', '.join(KINDS)}")
     return MODEL_FILE[kind]
 
 
@@ -98,13 +63,13 @@ def read_targets(jsonl: Path) -> list[str]:
         where = f"{jsonl}:{lineno}"
         target = obj.get("target")
         if not isinstance(target, str):
-            raise ValueError(f"{where}: no string 'target' field")
+            raise BadInputError(f"{where}: no string 'target' field")
         if not target.strip():
-            raise ValueError(f"{where}: empty transcript (key {obj.get('key', '?')}); fix or drop it in "
-                             "stage 0")
+            raise BadInputError(f"{where}: empty transcript (key {obj.get('key', '?')}); fix or drop it in "
+                                "stage 0")
         targets.append(target)
     if not targets:
-        raise ValueError(f"{jsonl}: no transcripts")
+        raise BadInputError(f"{jsonl}: no transcripts")
     return targets
 
 
@@ -131,13 +96,13 @@ def _add_sensevoice_tags(model: bytes) -> bytes:
     proto.ParseFromString(model)
     learned = len(proto.pieces)
     if learned > FIRST_TAG_ID:
-        raise ValueError(f"{learned} learned pieces do not fit below the first SenseVoice tag id "
-                         f"{FIRST_TAG_ID}; lower --vocab-size")
+        raise BadInputError(f"{learned} learned pieces do not fit below the first SenseVoice tag id "
+                            f"{FIRST_TAG_ID}; lower --vocab-size")
     # "▁<|en|>": a tag learned word-initially, as the dummy prefix has it.
     clash = {p.piece.removeprefix("▁") for p in proto.pieces} & set(SENSEVOICE_TAG_IDS)
     if clash:
-        raise ValueError(f"transcripts contain tag strings {sorted(clash)} often enough to be learned "
-                         "as pieces; tags belong in the tag fields of the JSONL, not in 'target'")
+        raise BadInputError(f"transcripts contain tag strings {sorted(clash)} often enough to be learned "
+                            "as pieces; tags belong in the tag fields of the JSONL, not in 'target'")
     tag_at = {i: tag for tag, i in SENSEVOICE_TAG_IDS.items()}
     for i in range(learned, SENSEVOICE_VOCAB_SIZE):
         piece = proto.pieces.add()
@@ -173,15 +138,15 @@ def build_tokenizer(jsonl: Path, out_dir: Path, kind: str, vocab_size: int, sp_t
     jsonl, out_dir = Path(jsonl), Path(out_dir)
     model_path = out_dir / model_file_name(kind)
     if vocab_size < 1:
-        raise ValueError(f"vocab size must be positive, got {vocab_size}")
+        raise BadInputError(f"vocab size must be positive, got {vocab_size}")
     texts = read_targets(jsonl)
     if kind == "sensevoice":
         if sp_type not in PLAIN_KINDS:
-            raise ValueError(f"unknown sentencepiece type {sp_type!r}; "
-                             f"choose one of {', '.join(PLAIN_KINDS)}")
+            raise BadInputError(f"unknown sentencepiece type {sp_type!r}; "
+                                f"choose one of {', '.join(PLAIN_KINDS)}")
         if vocab_size > FIRST_TAG_ID:
-            raise ValueError(f"--vocab-size {vocab_size}: SenseVoice's learned pieces must fit below "
-                             f"{FIRST_TAG_ID}, the first tag id")
+            raise BadInputError(f"--vocab-size {vocab_size}: SenseVoice's learned pieces must fit below "
+                                f"{FIRST_TAG_ID}, the first tag id")
         # Released layout: <unk> 0 (SenseVoiceSmall's CTC blank), <s> 1, </s> 2. The dummy prefix gives
         # the first word of a line its "▁" as every other word has: without it the vocabulary held
         # "ZERO" and "▁ZERO" and CTC output lost word boundaries. It would make a tag encoded on its
@@ -231,17 +196,17 @@ def check_tags(model_path: Path, tokenizer: str = SENSEVOICE_TOKENIZER) -> None:
 
     sp = spm.SentencePieceProcessor(model_file=str(model_path))
     if sp.get_piece_size() != SENSEVOICE_VOCAB_SIZE:
-        raise ValueError(f"{model_path}: {sp.get_piece_size()} pieces; SenseVoiceSmall needs "
-                         f"{SENSEVOICE_VOCAB_SIZE}")
+        raise BadInputError(f"{model_path}: {sp.get_piece_size()} pieces; SenseVoiceSmall needs "
+                            f"{SENSEVOICE_VOCAB_SIZE}")
     cls = tables.tokenizer_classes.get(tokenizer)
     if cls is None:
-        raise ValueError(f"tokenizer {tokenizer!r} is not registered with funasr; a from-scratch SenseVoice "
-                         f"names {SENSEVOICE_TOKENIZER}")
+        raise BadInputError(f"tokenizer {tokenizer!r} is not registered with funasr; a from-scratch "
+                            f"SenseVoice names {SENSEVOICE_TOKENIZER}")
     tok = cls(bpemodel=str(model_path))
     for tag, want in SENSEVOICE_TAG_IDS.items():
         got = tok.encode(tag, allowed_special="all")
         if got != [want]:
             hint = "" if tokenizer == SENSEVOICE_TOKENIZER else (
                 f"; this tokenizer needs `tokenizer: {SENSEVOICE_TOKENIZER}` in the config")
-            raise ValueError(f"{model_path}: tag {tag} encodes to {got} with {tokenizer}, SenseVoiceSmall "
-                             f"needs [{want}]{hint}")
+            raise BadInputError(f"{model_path}: tag {tag} encodes to {got} with {tokenizer}, SenseVoiceSmall "
+                                f"needs [{want}]{hint}")

@@ -1,22 +1,23 @@
-"""What stage 2 hands to funasr's own trainer: the recipe's classes registered, the CPU patch, and the
-recipe's options as Hydra overrides of ``funasr.bin.train_ds.main_hydra`` (the trainer is not forked).
+"""What stage 2 hands to funasr's own trainer: the recipe's classes registered and the recipe's options as
+Hydra overrides of ``funasr.bin.train_ds.main_hydra`` (the trainer is not forked).
 
 Reads  the model config, dump/<set>/data.jsonl (or data/<set>/data.jsonl with --feats-type raw),
        dump/<train>/am.lfr<m>x<n>.mvn and dump/tokenizer/<tag>/ for a from-scratch model (the paths it
        puts in the overrides), and for ``resolved_config`` a fine-tune's model dir config; writes nothing.
 
-  run_trainer(hydra_argv(TrainSetup(config=Path("conf/tiny_sensevoice.yaml"), ...), overrides))
+  hydra_args = hydra_argv(TrainSetup(config=Path("conf/tiny_sensevoice.yaml"), ...), overrides)
+  register_recipe_classes()
 
-The train layer's pieces that act before and around the trainer (funasr_recipe/train/: the hooks, the
-atomic checkpoints of train/checkpoint_io.py, the skipped-utterance check of train/skipped.py) are
-installed by local/train.py, the program: this layer may not import them (tests/test_style.py).
+What acts before and around the trainer (the skipped-utterance check of train/skipped.py; the patches of
+funasr_recipe/compat/: the CPU patch, the hooks, the atomic checkpoints, and ``run_trainer`` itself in
+compat/install.py) is called by local/train.py, the program: this layer may not import them
+(tests/unit/repo/test_style.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import torch
 from omegaconf import OmegaConf
 
 from funasr_recipe.core.log import log_format
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.features.cmvn import cmvn_name
 from funasr_recipe.model.config import fbank_conf, load_config, pretrained_model, tokenizer_spec
 
@@ -93,13 +95,13 @@ def hydra_argv(args: TrainSetup, overrides: list[str]) -> list[str]:
     train_list = source / args.train_set / "data.jsonl"
     if args.replay_lists:
         if args.feats_type != "fbank":
-            raise ValueError("replay needs stage-1 features (--feats-type fbank): the replay sets are "
-                             "featurised by stage 1 like the training set")
+            raise BadInputError("replay needs stage-1 features (--feats-type fbank): the replay sets are "
+                                "featurised by stage 1 like the training set")
         sampler = OmegaConf.select(cfg, "dataset_conf.batch_sampler")
         if sampler != "LengthBucketBatchSampler":
             # funasr's own samplers would take the whole list every epoch, replay pools included.
-            raise ValueError(f"replay draws its utterances in the recipe's batch sampler; {args.config} uses "
-                             f"{sampler}: add ++dataset_conf.batch_sampler=LengthBucketBatchSampler")
+            raise BadInputError(f"replay draws its utterances in the recipe's batch sampler; {args.config} "
+                                f"uses {sampler}: add ++dataset_conf.batch_sampler=LengthBucketBatchSampler")
         train_list = replay_train_list(args)
         pools = ",".join(f"'{p.resolve()}'" for p in args.replay_lists)  # quoted: paths may hold spaces
         argv += [f"++dataset_conf.replay_list=[{pools}]", f"++dataset_conf.replay_ratio={args.replay_ratio}"]
@@ -108,13 +110,13 @@ def hydra_argv(args: TrainSetup, overrides: list[str]) -> list[str]:
     if args.feats_type == "fbank":
         dataset = cfg.get("dataset", "AudioDataset")
         if dataset not in FBANK_DATASETS:
-            raise ValueError(f"dataset {dataset} has no stage-1 feature variant "
-                             f"(have {sorted(FBANK_DATASETS)}); use --feats-type raw")
+            raise BadInputError(f"dataset {dataset} has no stage-1 feature variant "
+                                f"(have {sorted(FBANK_DATASETS)}); use --feats-type raw")
         argv.append(f"++dataset={FBANK_DATASETS[dataset]}")
     if pretrained_model(cfg) is not None:
         if args.pretrained_dir is None:
-            raise ValueError(f"{args.config} fine-tunes {pretrained_model(cfg)}: give its local copy with "
-                             "--pretrained-dir (run.sh resolves it with local/resolve_model.py)")
+            raise BadInputError(f"{args.config} fine-tunes {pretrained_model(cfg)}: give its local copy with "
+                                "--pretrained-dir (run.sh resolves it with local/resolve_model.py)")
         # funasr reads a model dir given as `model` (no model_conf): its config, weights (init_param),
         # am.mvn and tokenizer; our config's settings are merged over the model's.
         argv.append(f"++model={args.pretrained_dir.resolve()}")
@@ -160,15 +162,3 @@ def register_recipe_classes() -> None:
     import funasr_recipe.data.feats_dataset  # noqa: F401  (the Fbank* datasets)
     import funasr_recipe.model.conformer_ctc  # noqa: F401  (ConformerCTC)
     import funasr_recipe.model.sensevoice_tokenizer  # noqa: F401  (SenseVoiceTagTokenizer)
-
-
-def run_trainer(hydra_args: list[str]) -> None:
-    """funasr's ``train_ds.main_hydra`` with these arguments, the CPU patch applied (a no-op with CUDA)."""
-    from funasr_recipe.model import funasr_cpu_patch
-
-    register_recipe_classes()
-    funasr_cpu_patch.apply()
-    from funasr.bin.train_ds import main_hydra
-
-    sys.argv = [sys.argv[0], *hydra_args]
-    main_hydra()

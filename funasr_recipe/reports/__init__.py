@@ -1,1 +1,1 @@
-"""What a run hands to people and deployments: training curves, model card, Triton repository, package."""
+"""What a run hands to people: training curves and their tables."""

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from funasr_recipe.core.rejections import BadInputError
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
@@ -217,7 +219,7 @@ def read_validation_losses(path: Path) -> list[float]:
     with open(path, encoding="utf-8", newline="") as f:
         header = f.readline().rstrip("\n").split("\t")
         if header[:5] != ["kind", "step", "epoch", "loss", "lr"]:
-            raise ValueError(f"{path}:1: not a curves.tsv (header {header[:5]})")
+            raise BadInputError(f"{path}:1: not a curves.tsv (header {header[:5]})")
         losses = []
         for lineno, line in enumerate(f, start=2):
             cells = line.rstrip("\n").split("\t")
@@ -226,10 +228,10 @@ def read_validation_losses(path: Path) -> list[float]:
             try:
                 losses.append(float(cells[3]))
             except (IndexError, ValueError):
-                raise ValueError(f"{path}:{lineno}: validation row without a loss: "
-                                 f"{line.strip()!r}") from None
+                raise BadInputError(f"{path}:{lineno}: validation row without a loss: "
+                                    f"{line.strip()!r}") from None
     if not losses:
-        raise ValueError(f"{path}: no validation row (did training finish an epoch?)")
+        raise BadInputError(f"{path}: no validation row (did training finish an epoch?)")
     return losses
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from funasr_recipe.core.log import Progress
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data.manifest import read_utterances
 from funasr_recipe.data.tags import strip_tags
 from funasr_recipe.features.audio import AudioError, is_pipe, probe_audio
@@ -78,7 +79,7 @@ def funasr_onnx_runner(export_dir: Path, family: str, quantize: bool, device: st
         raise RuntimeError("funasr-onnx rows run on CPU only here")
     try:
         runtime = load_funasr_onnx(export_dir, family, quantize, threads)
-    except NotImplementedError as e:
+    except BadInputError as e:  # a family funasr-onnx has no class for: this row cannot run
         raise RuntimeError(str(e)) from None
 
     def run(paths: list[str], keys: list[str], batch: int) -> list[str]:
@@ -152,7 +153,7 @@ def benchmark_set(data_jsonl: Path, max_utts: int | None) -> tuple[list[dict], f
             continue
         utts.append(u)
     if not utts:
-        raise ValueError(f"{data_jsonl}: no utterance with an audio file to benchmark on")
+        raise BadInputError(f"{data_jsonl}: no utterance with an audio file to benchmark on")
     return utts, sum(u["seconds"] for u in utts)
 
 

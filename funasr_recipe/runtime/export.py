@@ -39,9 +39,9 @@ import torch
 from omegaconf import OmegaConf
 
 from funasr_recipe.core.env import versions
+from funasr_recipe.families.registry import PARAFORMER, family_spec
 from funasr_recipe.features.cmvn import write_am_mvn
 from funasr_recipe.model.tokenizer import model_file_name
-from funasr_recipe.runtime.onnx_asr import FAMILIES
 
 log = logging.getLogger(__name__)
 OPSET = 14  # funasr's default
@@ -49,10 +49,7 @@ OPSET = 14  # funasr's default
 
 def family_of(model: torch.nn.Module) -> str:
     """The export family of a built model; subclasses (BiCifParaformer, ...) export other graphs."""
-    name = type(model).__name__
-    if name not in FAMILIES:
-        raise NotImplementedError(f"no ONNX export for model class {name}; supported: {', '.join(FAMILIES)}")
-    return name
+    return family_spec(type(model).__name__, "no ONNX export").name
 
 
 @contextlib.contextmanager
@@ -98,7 +95,7 @@ def _vocabulary(tokenizer: Any) -> list[str]:
 
 def write_runtime_files(model_dir: Path, automodel: Any, out: Path) -> list[Path]:
     """config.yaml, am.mvn, tokens.json and the tokenizer in the form funasr-onnx reads (module docstring)."""
-    family = family_of(automodel.model)
+    spec = family_spec(family_of(automodel.model))
     cfg = OmegaConf.load(model_dir / "config.yaml")
     frontend, tokenizer = automodel.kwargs["frontend"], automodel.kwargs["tokenizer"]
     cfg.frontend_conf.pop("cmvn_file", None)
@@ -111,11 +108,12 @@ def write_runtime_files(model_dir: Path, automodel: Any, out: Path) -> list[Path
     files = [out / "config.yaml", out / "am.mvn", out / "tokens.json"]
     bpemodel = getattr(tokenizer, "bpemodel", None)
     if bpemodel:
-        name = model_file_name("sensevoice") if family == "SenseVoiceSmall" else Path(bpemodel).name
+        # funasr-onnx looks for a family's released tokenizer under its released file name.
+        name = model_file_name(spec.tokenizer_kind) if spec.tokenizer_kind else Path(bpemodel).name
         shutil.copyfile(bpemodel, out / name)
         cfg.tokenizer_conf.bpemodel = name
         files.append(out / name)
-        if family == "Paraformer" and "lang" not in cfg:
+        if spec.decoding == PARAFORMER and "lang" not in cfg:
             cfg.lang = "en-bpe"  # funasr-onnx's post-processing for sentencepiece pieces
     elif OmegaConf.select(cfg, "tokenizer_conf.token_list"):
         cfg.tokenizer_conf.token_list = "tokens.json"

@@ -11,14 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-FUNASR_ONNX_FAMILIES = ("SenseVoiceSmall", "Paraformer")
+from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.families.registry import FUNASR_ONNX, supporting
+
+FUNASR_ONNX_FAMILIES = supporting(FUNASR_ONNX)  # funasr-onnx has a class of the family's name
 
 
 def load_funasr_onnx(export_dir: Path, family: str, quantize: bool, threads: int, batch_size: int = 1) -> Any:
     """funasr-onnx's class for the family on an export dir; NotImplementedError for one it lacks."""
     if family not in FUNASR_ONNX_FAMILIES:
-        raise NotImplementedError(f"funasr-onnx has no class for {family} (it has "
-                                  f"{', '.join(FUNASR_ONNX_FAMILIES)})")
+        raise BadInputError(f"funasr-onnx has no class for {family} (it has "
+                            f"{', '.join(FUNASR_ONNX_FAMILIES)})")
     import funasr_onnx
 
     return getattr(funasr_onnx, family)(str(export_dir), batch_size=batch_size, quantize=quantize,

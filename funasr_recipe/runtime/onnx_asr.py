@@ -40,16 +40,13 @@ import yaml
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
 
 from funasr_recipe.core.env import available_cores
+from funasr_recipe.families.registry import PARAFORMER, family_spec
 from funasr_recipe.features.audio import load_audio
 from funasr_recipe.features.cmvn import lfr, read_am_mvn
 from funasr_recipe.features.fbank import FbankConf, FbankExtractor
 from funasr_recipe.runtime.onnx_session import collapse_ctc, make_session
 
 log = logging.getLogger(__name__)
-FAMILIES = ("SenseVoiceSmall", "Paraformer", "ConformerCTC")
-# SenseVoiceSmall's prompt ids (funasr's class and funasr-onnx hard-code them alike).
-SENSEVOICE_LID = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 12, "nospeech": 13}
-SENSEVOICE_TEXTNORM = {"withitn": 14, "woitn": 15}
 # onnxruntime's errors on an input too short for the model (conv subsampling, no predicted token).
 NO_OUTPUT = (InvalidArgument, Fail, RuntimeException)
 
@@ -75,9 +72,7 @@ def export_family(export_dir: Path, config: dict | None = None) -> str:
     else:
         config = config or yaml.safe_load((export_dir / "config.yaml").read_text(encoding="utf-8"))
         family = config.get("model")
-    if family not in FAMILIES:
-        raise NotImplementedError(f"{export_dir}: model {family!r}; the runtime knows {', '.join(FAMILIES)}")
-    return family
+    return family_spec(family, str(export_dir)).name
 
 
 @dataclass
@@ -113,17 +108,11 @@ def family_parts(family: str, model_conf: dict, language: str = "auto", textnorm
     """The ``Family`` of an export, from its config's model_conf; SenseVoice's prompt (language, text
     normalisation) becomes the graph's language and textnorm inputs."""
     blank = int(model_conf.get("blank_id", 0))
-    if family == "SenseVoiceSmall":
-        if language not in SENSEVOICE_LID or textnorm not in SENSEVOICE_TEXTNORM:
-            raise ValueError(f"SenseVoice prompt {language!r}/{textnorm!r}: languages "
-                             f"{sorted(SENSEVOICE_LID)}, "
-                             f"text normalisation {sorted(SENSEVOICE_TEXTNORM)}")
-        return Family(family, blank, {"language": SENSEVOICE_LID[language],
-                                      "textnorm": SENSEVOICE_TEXTNORM[textnorm]})
-    if family == "Paraformer":
+    spec = family_spec(family)
+    if spec.decoding == PARAFORMER:
         drop = frozenset({int(model_conf.get("sos", 1)), int(model_conf.get("eos", 2)), blank})
         return ParaformerFamily(family, blank, drop=drop)
-    return Family(family, blank)
+    return Family(family, blank, spec.prompt(language, textnorm))
 
 
 class _Detokenizer:

@@ -41,7 +41,9 @@ import numpy as np
 import torch
 
 from funasr_recipe.core.log import Progress
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data.tags import strip_tags
+from funasr_recipe.families.registry import PARAFORMER, family_spec
 from funasr_recipe.features.audio import AudioError, load_audio
 from funasr_recipe.features.fbank import resample
 from funasr_recipe.runtime.export import family_of
@@ -67,7 +69,7 @@ BATCH_FRAMES = 1000
 def _no_output() -> tuple[type[Exception], ...]:
     """An input too short for the model (conv subsampling; a Paraformer predicting no token): funasr's
     inference returns no transcript, onnxruntime raises (and funasr-onnx returns ""). Both count as "".
-    Imported when needed: stage 4 imports funasr only after funasr_lazy.install."""
+    Imported when needed: stage 4 imports funasr only after compat/lazy_import.install."""
     from funasr.models.transformer.utils.subsampling import TooShortUttError
 
     return (TooShortUttError, *NO_OUTPUT)
@@ -79,13 +81,14 @@ class TorchSide:
     def __init__(self, automodel: Any) -> None:
         self.model = automodel.model.eval()
         self.family = family_of(self.model)
+        self.spec = family_spec(self.family)
         self.tokenizer = automodel.kwargs["tokenizer"]
         # funasr's WavFrontend dithers by default (random noise in every call): both sides must see the
         # same features, and stage 1 computes them without dither too.
         self.frontend = copy.copy(automodel.kwargs["frontend"])
         self.frontend.dither = 0.0
         # The module whose output holds the scores that inference takes its argmax of (pre-softmax).
-        self.scored = self.model.decoder if self.family == "Paraformer" else self.model.ctc.ctc_lo
+        self.scored = self.model.decoder if self.spec.decoding == PARAFORMER else self.model.ctc.ctc_lo
 
     @torch.no_grad()
     def features(self, source: str) -> torch.Tensor:
@@ -104,9 +107,10 @@ class TorchSide:
             lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple) else out))
         # inference adds to the lengths in place (SenseVoice's prompt): give it a fresh tensor.
         lengths = torch.tensor([f.shape[0] for f in feats])
+        paraformer = self.spec.decoding == PARAFORMER
         try:
             out = self.model.inference(
-                torch.stack(feats), data_lengths=lengths[:, None] if self.family == "Paraformer" else lengths,
+                torch.stack(feats), data_lengths=lengths[:, None] if paraformer else lengths,
                 key=list(keys), tokenizer=self.tokenizer, frontend=self.frontend, data_type="fbank",
                 device="cpu", language="auto", use_itn=False)
         finally:
@@ -134,7 +138,7 @@ def onnx_decode(asr: OnnxASR, feats: list[torch.Tensor]) -> list[Decoded]:
 def batches(feats: list[torch.Tensor], family: str) -> list[list[int]]:
     """Indices of ``feats`` in batches of one length (BATCH_FRAMES frames at most), in first-seen order of
     the lengths; one utterance a batch for Paraformer."""
-    if family == "Paraformer":
+    if family_spec(family).decoding == PARAFORMER:
         return [[i] for i in range(len(feats))]
     by_length: dict[int, list[int]] = {}
     for i, f in enumerate(feats):
@@ -210,7 +214,7 @@ def _check_parity(automodel: Any, export_dir: Path, utts: list[dict], threads: i
         kept.append(utt)
     progress.close()
     if not kept:
-        raise ValueError("no utterance of the set could be read: nothing to check parity on")
+        raise BadInputError("no utterance of the set could be read: nothing to check parity on")
     hyps = {name: [""] * len(kept) for name in ("torch", "fp32", "int8")}
     seconds = dict.fromkeys(hyps, 0.0)
     diffs = {"fp32": 0.0, "int8": 0.0}
@@ -268,5 +272,5 @@ def _check_parity(automodel: Any, export_dir: Path, utts: list[dict], threads: i
         "length_mismatches": [kept[i]["key"] for i in sorted(length_mismatch)], "unreadable": unreadable,
         "no_output": no_output,
         "decode_seconds": {k: round(v, 3) for k, v in seconds.items()},
-        "language": "auto" if torch_side.family == "SenseVoiceSmall" else None,
+        "language": "auto" if torch_side.spec.language_ids else None,
     }

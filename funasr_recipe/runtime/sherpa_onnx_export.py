@@ -32,12 +32,14 @@ import onnx
 import yaml
 
 from funasr_recipe.core.files import write_atomic
+from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.families.registry import SHERPA_ONNX, family_spec, supporting
 from funasr_recipe.features.cmvn import read_am_mvn
 from funasr_recipe.features.fbank import FbankConf
-from funasr_recipe.runtime.onnx_asr import SENSEVOICE_LID, SENSEVOICE_TEXTNORM, export_family
+from funasr_recipe.runtime.onnx_asr import export_family
 
 log = logging.getLogger(__name__)
-FAMILY = "SenseVoiceSmall"
+(FAMILY,) = supporting(SHERPA_ONNX)  # the one family whose loader sherpa-onnx has (offline SenseVoice)
 MODEL_FILES = ("model.onnx", "model_quant.onnx")
 TOKENS = "tokens.txt"
 # What the C++ loader reads without a default (sherpa-onnx 2.0.1): a missing one ends the process.
@@ -69,8 +71,8 @@ def sherpa_metadata(export_dir: Path, config: dict, vocab_size: int) -> dict[str
     fbank = FbankConf.from_frontend_conf(config.get("frontend_conf") or {})
     shift, scale = read_am_mvn(export_dir / "am.mvn")
     if shift.shape[0] != fbank.n_mels * fbank.lfr_m:
-        raise ValueError(f"{export_dir / 'am.mvn'}: {shift.shape[0]} dims, the frontend gives "
-                         f"{fbank.n_mels} x lfr_m {fbank.lfr_m}")
+        raise BadInputError(f"{export_dir / 'am.mvn'}: {shift.shape[0]} dims, the frontend gives "
+                            f"{fbank.n_mels} x lfr_m {fbank.lfr_m}")
     return {
         "model_type": "sense_voice_ctc",
         # sherpa-onnx's "version 2" means int8 weights in QUInt8, as funasr's quantisation writes them.
@@ -84,9 +86,9 @@ def sherpa_metadata(export_dir: Path, config: dict, vocab_size: int) -> dict[str
         "normalize_samples": "0",
         "neg_mean": _floats(shift),
         "inv_stddev": _floats(scale),
-        **{f"lang_{name}": str(i) for name, i in SENSEVOICE_LID.items()},
-        "with_itn": str(SENSEVOICE_TEXTNORM["withitn"]),
-        "without_itn": str(SENSEVOICE_TEXTNORM["woitn"]),
+        **{f"lang_{name}": str(i) for name, i in family_spec(FAMILY).language_ids.items()},
+        "with_itn": str(family_spec(FAMILY).textnorm_ids["withitn"]),
+        "without_itn": str(family_spec(FAMILY).textnorm_ids["woitn"]),
     }
 
 
@@ -112,7 +114,7 @@ def tokens_txt(vocabulary: list[str]) -> str:
     """tokens.txt: "piece id" per line, as sherpa-onnx's SymbolTable reads it (split on whitespace)."""
     bad = [(i, p) for i, p in enumerate(vocabulary) if not p or len(p.split()) != 1 or p.strip() != p]
     if bad:
-        raise ValueError(f"tokens {bad[:3]} are empty or hold whitespace: tokens.txt cannot carry them")
+        raise BadInputError(f"tokens {bad[:3]} are empty or hold whitespace: tokens.txt cannot carry them")
     return "".join(f"{piece} {i}\n" for i, piece in enumerate(vocabulary))
 
 

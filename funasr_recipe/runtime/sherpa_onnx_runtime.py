@@ -16,7 +16,7 @@ emotion, event and ITN tags; the others keep the tags in the text, ``data.tags.s
 them), turns the leading "▁" of each piece (only the leading one) into a space, concatenates and trims
 the text's ends. For sentencepiece's pieces, which hold "▁" only at their start, that is sentencepiece's
 text; ``sherpa_text`` collapses whitespace as ``strip_tags`` does for the others, so that the texts
-compare equal where the tokens are the same (tests/test_runtime_words.py).
+compare equal where the tokens are the same (tests/unit/runtime/test_runtime_words.py).
 
 sherpa-onnx ends the process (exit, no exception) on an export it cannot load, so a check goes through a
 child process: ``sherpa_subprocess``; ``python -m funasr_recipe.runtime.sherpa_onnx_runtime`` is that

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from funasr_recipe.core.rejections import BadInputError
+
 
 def run_row(result_json: Path) -> dict:
     """One run's figures: utterances, the cer/wer counts, language-tag accuracy, missing or empty hyps.
@@ -23,8 +25,8 @@ def run_row(result_json: Path) -> dict:
                 "language_tag_accuracy": (tags.get("language") or {}).get("accuracy"),
                 "missing_or_empty": len(res["missing_hyp"]) + len(res["empty_hyp"])}
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
-        raise ValueError(f"{result_json}: not a stage-3 result.json ({type(e).__name__}: {e}): rerun stage 3"
-                         ) from None
+        raise BadInputError(f"{result_json}: not a stage-3 result.json ({type(e).__name__}: {e}): "
+                            "rerun stage 3") from None
 
 
 def pooled_rate(rows: list[dict], unit: str) -> float:

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 from rapidfuzz.distance import Levenshtein
 
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data.tags import TAG
 
 UNITS = ("char", "word", "mixed")
@@ -114,7 +115,7 @@ def tokens(text: str, unit: str) -> list[str]:
     try:
         return _TOKENIZERS[unit](text)
     except KeyError:
-        raise ValueError(f"unknown unit {unit!r}; expected one of {UNITS}") from None
+        raise BadInputError(f"unknown unit {unit!r}; expected one of {UNITS}") from None
 
 
 def unit_for_language(lang: str | None) -> str:

@@ -24,16 +24,12 @@ language's transcript characters must not be unknown to the tokenizer (the model
 
 from __future__ import annotations
 
-import ast
-import inspect
 import json
 import math
-import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +38,9 @@ from omegaconf import OmegaConf
 from funasr_recipe.core.files import write_atomic
 from funasr_recipe.core.fmt import pct
 from funasr_recipe.core.jsonl import iter_jsonl
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data.tags import TAG_FIELDS, bare_tag
+from funasr_recipe.families.registry import FAMILIES, FamilySpec
 from funasr_recipe.features.targets import load_tokenizer
 
 MAX_UNK_SHARE = 0.5  # of a language's transcript characters (whitespace aside)
@@ -52,24 +50,6 @@ REPORT_JSON, REPORT_MD = "regression.json", "regression.md"
 
 
 # --- the language check --------------------------------------------------------------------------------
-
-@lru_cache(maxsize=1)
-def sensevoice_language_tables() -> tuple[dict[str, int], dict[int, int]]:
-    """(lid_dict, lid_int_dict) of funasr's SenseVoiceSmall, read from the installed class's source:
-    it sets them in ``__init__``, and building a model to look would cost its weights."""
-    from funasr.models.sense_voice.model import SenseVoiceSmall
-
-    found: dict[str, Any] = {}
-    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(SenseVoiceSmall.__init__)))):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target = node.targets[0]
-            if isinstance(target, ast.Attribute) and target.attr in ("lid_dict", "lid_int_dict"):
-                found[target.attr] = ast.literal_eval(node.value)
-    if set(found) != {"lid_dict", "lid_int_dict"}:
-        raise RuntimeError("funasr's SenseVoiceSmall.__init__ no longer sets lid_dict and lid_int_dict as "
-                           "literals: update funasr_recipe/scoring/regression.py for this funasr version")
-    return found["lid_dict"], found["lid_int_dict"]
-
 
 def model_config(model_dir: Path) -> dict:
     """A model dir's config.yaml with its tokenizer files resolved as funasr's AutoModel resolves them:
@@ -99,30 +79,30 @@ def unknown_surfaces(tokenizer: Any, text: str) -> list[str]:
     if hasattr(tokenizer, "unk_id") and hasattr(tokenizer, "tokens2ids"):  # a token list (CharTokenizer)
         tokens = tokenizer.text2tokens(text)
         return [t for t, i in zip(tokens, tokenizer.tokens2ids(tokens), strict=True) if i == tokenizer.unk_id]
-    raise NotImplementedError(f"tokenizer {type(tokenizer).__name__}: cannot tell its unknown tokens; the "
-                              "regression check knows sentencepiece and token-list tokenizers")
+    raise BadInputError(f"tokenizer {type(tokenizer).__name__}: cannot tell its unknown tokens; the "
+                        "regression check knows sentencepiece and token-list tokenizers")
 
 
 def _chars(text: str) -> int:
     return sum(not c.isspace() for c in text)
 
 
-def _check_tags(tokenizer: Any, languages: Counter, where: str) -> None:
-    lid_dict, lid_int_dict = sensevoice_language_tables()
+def _check_tags(tokenizer: Any, languages: Counter, where: str, spec: FamilySpec) -> None:
+    lid_dict, lid_int_dict = spec.language_ids, spec.language_token_ids
     for lang, n in languages.items():
         if lang == "unknown":
             continue  # no tag: SenseVoice decodes with language "auto"
         tag = f"<|{lang}|>"
         if lang not in lid_dict:
-            raise ValueError(f"{where}: {n} utterances in language {tag}, which SenseVoiceSmall does not "
-                             f"know (its languages: {', '.join(lid_dict)}); drop the set or use a model "
-                             "that knows the language")
+            raise BadInputError(f"{where}: {n} utterances in language {tag}, which {spec.name} does not "
+                                f"know (its languages: {', '.join(lid_dict)}); drop the set or use a model "
+                                "that knows the language")
         ids = tokenizer.encode(tag)
         if len(ids) != 1 or ids[0] not in lid_int_dict:
-            raise ValueError(f"{where}: language tag {tag} ({n} utterances) encodes to {ids} with the "
-                             f"model's tokenizer ({type(tokenizer).__name__}), not to one of the language "
-                             f"ids SenseVoiceSmall maps ({sorted(lid_int_dict)}); is this the model's "
-                             "tokenizer?")
+            raise BadInputError(f"{where}: language tag {tag} ({n} utterances) encodes to {ids} with the "
+                                f"model's tokenizer ({type(tokenizer).__name__}), not to one of the language "
+                                f"ids {spec.name} maps ({sorted(lid_int_dict)}); is this the model's "
+                                "tokenizer?")
 
 
 def check_language(model_dir: Path, data_jsonl: Path, max_unk_share: float = MAX_UNK_SHARE) -> dict:
@@ -141,7 +121,7 @@ def check_language(model_dir: Path, data_jsonl: Path, max_unk_share: float = MAX
     for lineno, obj in iter_jsonl(data_jsonl):
         target = obj.get("target")
         if not isinstance(target, str):
-            raise ValueError(f"{data_jsonl}:{lineno}: no string 'target' field")
+            raise BadInputError(f"{data_jsonl}:{lineno}: no string 'target' field")
         lang = bare_tag(obj.get(TAG_FIELDS["language"])) or "unknown"
         utts[lang] += 1
         chars[lang] += _chars(target)
@@ -149,18 +129,20 @@ def check_language(model_dir: Path, data_jsonl: Path, max_unk_share: float = MAX
         unk_chars[lang] += sum(map(_chars, unknown))
         examples.setdefault(lang, Counter()).update(s for s in unknown if s)
     if not utts:
-        raise ValueError(f"{where}: no utterances")
-    if cfg.get("model") == "SenseVoiceSmall":
-        _check_tags(tokenizer, utts, where)
+        raise BadInputError(f"{where}: no utterances")
+    spec = FAMILIES.get(cfg.get("model"))
+    if spec is not None and spec.language_ids:  # a family with a language prompt: its tags must encode
+        _check_tags(tokenizer, utts, where, spec)
     shares = {lang: {"utterances": utts[lang], "unk_share": unk_chars[lang] / chars[lang] if chars[lang]
                      else 0.0} for lang in sorted(utts)}
     for lang, s in shares.items():
         if s["unk_share"] > max_unk_share:
             shown = ", ".join(repr(w) for w, _ in examples[lang].most_common(N_EXAMPLES))
-            raise ValueError(f"{where}: language {lang} ({s['utterances']} utterances): "
-                             f"{s['unk_share']:.0%} of its transcript characters are unknown (<unk>) to the "
-                             f"tokenizer of {model_dir} (limit {max_unk_share:.0%}), e.g. {shown}: the model "
-                             "does not know this language, so a regression on it cannot be measured")
+            raise BadInputError(f"{where}: language {lang} ({s['utterances']} utterances): "
+                                f"{s['unk_share']:.0%} of its transcript characters are unknown (<unk>) to "
+                                f"the tokenizer of {model_dir} (limit {max_unk_share:.0%}), e.g. {shown}: "
+                                "the model does not know this language, so a regression on it cannot be "
+                                "measured")
     return shares
 
 
@@ -216,7 +198,7 @@ class Report:
 def load_pairs(exp_dir: Path, sets: Sequence[str]) -> list[tuple[str, dict, dict]]:
     """(set, pretrained result.json, fine-tuned result.json) of each regression set of ``exp_dir``."""
     if not sets:
-        raise ValueError("no regression sets given")
+        raise BadInputError("no regression sets given")
     pairs = []
     for name in sets:
         results = []
@@ -231,7 +213,7 @@ def load_pairs(exp_dir: Path, sets: Sequence[str]) -> list[tuple[str, dict, dict
             try:
                 results.append(json.loads(path.read_text(encoding="utf-8")))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
+                raise BadInputError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
         pairs.append((name, results[0], results[1]))
     return pairs
 
@@ -240,10 +222,10 @@ def _rate(counts: dict, where: str) -> Fraction:
     try:
         n_ref, errors = counts["n_ref"], counts["sub"] + counts["del"] + counts["ins"]
     except (KeyError, TypeError):
-        raise ValueError(f"{where}: no primary counts (n_ref, sub, del, ins); was it written by "
-                         "scoring/score.py?") from None
+        raise BadInputError(f"{where}: no primary counts (n_ref, sub, del, ins); was it written by "
+                            "scoring/score.py?") from None
     if not n_ref:
-        raise ValueError(f"{where}: no reference tokens, so no error rate to compare")
+        raise BadInputError(f"{where}: no reference tokens, so no error rate to compare")
     return Fraction(errors, n_ref)
 
 
@@ -251,9 +233,9 @@ def _row(name: str, language: str, before: dict, after: dict, limit: Fraction) -
     where = f"regression set {name}, language {language}"
     for field in ("utterances", "n_ref"):
         if before.get(field) != after.get(field):
-            raise ValueError(f"{where}: {field} {before.get(field)} before fine-tuning but "
-                             f"{after.get(field)} after: the two decode dirs are not of the same data; rerun "
-                             "stage 3")
+            raise BadInputError(f"{where}: {field} {before.get(field)} before fine-tuning but "
+                                f"{after.get(field)} after: the two decode dirs are not of the same data; "
+                                "rerun stage 3")
     return Row(name, language, str(after.get("unit") or "-"), int(after["utterances"]),
                _rate(before, f"{where} (pretrained)"), _rate(after, f"{where} (fine-tuned)"), limit)
 
@@ -262,16 +244,16 @@ def gate(pairs: Sequence[tuple[str, dict, dict]], max_regression: float) -> Repo
     """Rows for each (set, result before, result after): one per language, plus ``all`` for a set with
     several; PASS where the primary error rate rose by at most ``max_regression`` points."""
     if not math.isfinite(max_regression):
-        raise ValueError(f"--max-regression {max_regression}: expected a number of error-rate points")
+        raise BadInputError(f"--max-regression {max_regression}: expected a number of error-rate points")
     limit = Fraction(str(max_regression))
     rows: list[Row] = []
     models = {}
     for name, before, after in pairs:
         langs_b, langs_a = before.get("per_language") or {}, after.get("per_language") or {}
         if set(langs_b) != set(langs_a):
-            raise ValueError(f"regression set {name}: languages {sorted(langs_b)} before fine-tuning but "
-                             f"{sorted(langs_a)} after: the decode dirs are not of the same data; rerun "
-                             "stage 3")
+            raise BadInputError(f"regression set {name}: languages {sorted(langs_b)} before fine-tuning but "
+                                f"{sorted(langs_a)} after: the decode dirs are not of the same data; rerun "
+                                "stage 3")
         if len(langs_a) != 1:
             units = "+".join(sorted({c.get("unit", "-") for c in langs_a.values()})) or "-"
             total_b = {**before.get("primary", {}), "utterances": before.get("utterances"), "unit": units}
@@ -323,7 +305,7 @@ def regression_section(exp_dir: Path) -> list[str]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
+        raise BadInputError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
     models = "; ".join(f"{s}: {m['before']} -> {m['after']}" for s, m in doc.get("models", {}).items())
     return ["", "## Regression gate", "",
             f"- verdict: **{doc['verdict']}** (primary error rate before and after fine-tuning; FAIL where "

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from funasr_recipe.core.env import versions
 from funasr_recipe.core.fmt import pct
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data.tags import TAG_KINDS
 from funasr_recipe.scoring.regression import regression_section
 
@@ -33,10 +34,10 @@ def load_results(exp_dir: Path) -> list[tuple[Path, dict]]:
         try:
             res = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
+            raise BadInputError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
         missing = [k for k in ("set", "model", "utterances", "cer", "wer", "primary") if k not in res]
         if missing:
-            raise ValueError(f"{path}: no {', '.join(missing)}; was it written by scoring/score.py?")
+            raise BadInputError(f"{path}: no {', '.join(missing)}; was it written by scoring/score.py?")
         found.append((path.parent, res))
     return sorted(found, key=lambda dr: (str(dr[1]["set"]), not is_pretrained(dr[0], dr[1]),
                                          str(dr[1]["model"])))

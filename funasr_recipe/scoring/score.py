@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from funasr_recipe.core.fmt import pct
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data.kaldi_table import TableError, iter_table
 from funasr_recipe.data.tags import TAG_KINDS
 from funasr_recipe.scoring.error_rate import Counts, align, count, normalize, tokens, unit_for
@@ -41,7 +42,7 @@ TOP_N = 20
 LIST_MAX = 50
 
 
-class ScoreInputError(ValueError):
+class ScoreInputError(BadInputError):
     """A malformed input file; the message names the file and line."""
 
 

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from funasr_recipe.core.rejections import BadInputError
+
 log = logging.getLogger(__name__)
 
 
@@ -56,7 +58,7 @@ class DynamicBatcher:
                  queue_size: int = 64, on_batch: Callable[[int, float], None] | None = None,
                  thread_init: Callable[[], None] | None = None) -> None:
         if max_batch < 1 or queue_size < max_batch:
-            raise ValueError(f"max_batch {max_batch} must be >= 1 and <= queue_size {queue_size}")
+            raise BadInputError(f"max_batch {max_batch} must be >= 1 and <= queue_size {queue_size}")
         self.fn, self.max_batch, self.max_wait = fn, max_batch, max_wait_ms / 1000.0
         self.queue_size, self.on_batch = queue_size, on_batch
         self._queue: deque[_Entry] = deque()

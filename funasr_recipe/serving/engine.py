@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from funasr_recipe.data.tags import TAG, split_tags
-from funasr_recipe.runtime.onnx_asr import NO_OUTPUT, SENSEVOICE_LID, SENSEVOICE_TEXTNORM, OnnxASR
+from funasr_recipe.families.registry import family_spec
+from funasr_recipe.runtime.onnx_asr import NO_OUTPUT, OnnxASR
 from funasr_recipe.runtime.onnx_session import ctc_spans
-
-PROMPT_FRAMES = {"SenseVoiceSmall": 4}  # output frames that answer the prompt, before the audio's
 
 
 @dataclass(frozen=True)
@@ -59,22 +58,23 @@ class Engine:
     def __init__(self, asr: OnnxASR) -> None:
         self.asr = asr
         self.family = asr.family
+        self.spec = family_spec(self.family)
         self.fs = asr.fs
-        self.prompt = PROMPT_FRAMES.get(self.family, 0)
+        self.prompt = self.spec.prompt_frames  # output frames that answer the prompt, before the audio's
         conf = asr.fbank_conf
         self.lfr_s = conf.lfr_n * conf.frame_shift / 1000.0
-        self.ctc = self.family != "Paraformer"
+        self.ctc = self.spec.ctc
 
     @property
     def languages(self) -> tuple[str, ...]:
         """Values the ``language`` option takes: SenseVoice's prompt languages, else only "auto"."""
-        return tuple(SENSEVOICE_LID) if self.family == "SenseVoiceSmall" else ("auto",)
+        return tuple(self.spec.language_ids) or ("auto",)
 
     def _extra(self, pieces: list[Piece]) -> dict[str, np.ndarray] | None:
-        if self.family != "SenseVoiceSmall":
+        if not self.spec.extra_inputs:
             return None
-        return {"language": np.array([SENSEVOICE_LID[p.language] for p in pieces], dtype=np.int32),
-                "textnorm": np.array([SENSEVOICE_TEXTNORM[p.textnorm] for p in pieces], dtype=np.int32)}
+        prompts = [self.spec.prompt(p.language, p.textnorm) for p in pieces]
+        return {name: np.array([p[name] for p in prompts], dtype=np.int32) for name in self.spec.extra_inputs}
 
     def decode(self, pieces: list[Piece]) -> list[PieceResult]:
         """One onnxruntime call for the batch; a batch the graph rejects (a piece too short for it) is

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from funasr_recipe.core.rejections import BadInputError
+
 FRAME_S = 0.01  # energy frames of 10 ms, the fbank's shift
 MIN_PAUSE_S = 0.2  # shorter dips are inside words (stop consonants)
 PAUSE_MARGIN_DB = 10.0  # a pause: within this of the recording's quiet level
@@ -45,7 +47,7 @@ def split_at_pauses(wave: np.ndarray, fs: int, max_s: float = 30.0, min_pause_s:
     at the last pause that keeps the piece under ``max_s``, else at the quietest frame of the piece's
     second half (speech with no pause for ``max_s``)."""
     if max_s <= 0:
-        raise ValueError(f"max_s must be positive, got {max_s}")
+        raise BadInputError(f"max_s must be positive, got {max_s}")
     limit = int(max_s * fs)
     if len(wave) <= limit:
         return [(0, len(wave))]

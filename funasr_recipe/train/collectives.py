@@ -9,13 +9,15 @@ to the return only; their wait happens elsewhere.
 
 Reads and writes nothing.
 
-  timer = CollectiveTimer(); timer.install(); timer.reset(); ...; seconds = timer.seconds()
+  timer = CollectiveTimer(); timer.install(replace); timer.reset(); ...; seconds = timer.seconds()
+  # replace: funasr_recipe.compat.patching's (this layer may not import it: tests/unit/repo/test_style.py)
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -29,13 +31,15 @@ class CollectiveTimer:
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._installed = False
 
-    def install(self) -> None:
+    def install(self, replace: Callable[[object, str, object], object]) -> None:
+        """Wrap the collectives with ``replace(module, name, new)``: compat/patching.py's, which checks them
+        against the pinned surface."""
         if self._installed:
             return
         self._installed = True
         for name in TIMED:
             if hasattr(dist, name):
-                setattr(dist, name, self._timed(getattr(dist, name)))
+                replace(dist, name, self._timed(getattr(dist, name)))
 
     def _timed(self, original):
         @functools.wraps(original)

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from funasr_recipe.core.rejections import BadInputError
+
 log = logging.getLogger(__name__)
 
 # Encoder class name -> its block lists, in forward order. Matched by name, not by class: a released
@@ -94,8 +96,8 @@ def enable(model: torch.nn.Module) -> list[str]:
                 wrapped += 1
             names.append(f"{prefix}.{attr}" if prefix else attr)
     if not names:
-        raise ValueError(f"grad checkpointing: {type(model).__name__} holds none of the supported "
-                         f"encoders ({', '.join(BLOCK_LISTS)})")
+        raise BadInputError(f"grad checkpointing: {type(model).__name__} holds none of the supported "
+                            f"encoders ({', '.join(BLOCK_LISTS)})")
     log.info("grad checkpointing: %d encoder blocks in %s%s", wrapped + kept, ", ".join(names),
              f" ({kept} already checkpointed)" if kept else "")
     return names

@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from funasr_recipe.core.rejections import BadInputError
+
 log = logging.getLogger(__name__)
 NAME = "warmup_cosine"  # the key in funasr's scheduler table, and what configs write after ``scheduler:``
 
@@ -43,13 +45,13 @@ class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
                  final_lr_ratio: float = 0.01, total_steps: int = 0, restart_patience: int = 0,
                  warmup_ratio: float = 0.0, last_epoch: int = -1) -> None:
         if warmup_steps < 0:
-            raise ValueError(f"{NAME}: warmup_steps must be >= 0, got {warmup_steps}")
+            raise BadInputError(f"{NAME}: warmup_steps must be >= 0, got {warmup_steps}")
         if not 0.0 <= warmup_ratio < 1.0:
-            raise ValueError(f"{NAME}: warmup_ratio must be in [0, 1), got {warmup_ratio}")
+            raise BadInputError(f"{NAME}: warmup_ratio must be in [0, 1), got {warmup_ratio}")
         if not 0.0 <= final_lr_ratio <= 1.0:
-            raise ValueError(f"{NAME}: final_lr_ratio must be in [0, 1], got {final_lr_ratio}")
+            raise BadInputError(f"{NAME}: final_lr_ratio must be in [0, 1], got {final_lr_ratio}")
         if restart_patience < 0:
-            raise ValueError(f"{NAME}: restart_patience must be >= 0, got {restart_patience}")
+            raise BadInputError(f"{NAME}: restart_patience must be >= 0, got {restart_patience}")
         # Everything the curve depends on is a plain attribute: LRScheduler.state_dict() saves __dict__
         # (less the optimizer) and load_state_dict() restores it, so resume needs no code of its own, and
         # plain ints/floats/None keep torch.load(weights_only=True) working.
@@ -70,10 +72,10 @@ class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
 
     def _check_total(self, n: int) -> None:
         if n <= 0:
-            raise ValueError(f"{NAME}: total_steps must be a positive number of optimizer steps, got {n}")
+            raise BadInputError(f"{NAME}: total_steps must be a positive number of optimizer steps, got {n}")
         if self.warmup_steps >= n:
-            raise ValueError(f"{NAME}: warmup_steps ({self.warmup_steps}) must be below total_steps ({n}): "
-                             "the warmup would never end before training does; lower warmup_steps")
+            raise BadInputError(f"{NAME}: warmup_steps ({self.warmup_steps}) must be below total_steps "
+                                f"({n}): the warmup would never end before training does; lower warmup_steps")
 
     def set_total_steps(self, n: int) -> None:
         """Fix where the cosine reaches the floor; the same ``n`` again (as on resume) changes nothing. A

@@ -1,4 +1,4 @@
-"""Live training metrics: what the trainer hooks (funasr_recipe/train/hooks.py) measure each step, served
+"""Live training metrics: what the trainer hooks (funasr_recipe/compat/hooks.py) measure each step, served
 to Prometheus from local rank 0 of each node and logged by global rank 0 as one ``train_metrics:`` JSON
 line per funasr log interval (local/plot_training.py plots those).
 

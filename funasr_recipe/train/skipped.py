@@ -82,7 +82,8 @@ def _rows(path: Path) -> Iterator[tuple[str, dict]]:
                 try:
                     row = json.loads(line.strip())
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{file}:{n}: not JSON ({e.msg}); funasr's index fails on it") from None
+                    raise BadInputError(f"{file}:{n}: not JSON ({e.msg}); funasr's index fails "
+                                        "on it") from None
                 yield f"{file}:{n}", row
 
 

@@ -6,10 +6,10 @@ writes <data-dir>/{train,dev}/{wav.scp,text,utt2spk,spk2utt} and <data-dir>/corp
        <data-dir>/test/ too with --test-speakers (then decoded as a test set beside dev).
 
 The transcript is the digit as an upper-case English word (7 -> SEVEN): each digit word then is one
-token of the tokenizer, which the tiny models need (see DESIGN.md). The key is
-``{speaker}-{digit}_{speaker}_{index}``. Upstream's own split (takes 0-4 = test) shares speakers
-between train and test, so the dev set is whole held-out speakers instead. A file in recordings/
-whose name does not match the pattern is left out and logged by name.
+token of the tokenizer, which the tiny models need (docs/design.md, "Tiny models on the digit
+corpus"). The key is ``{speaker}-{digit}_{speaker}_{index}``. Upstream's own split (takes 0-4 =
+test) shares speakers between train and test, so the dev set is whole held-out speakers instead. A file in
+recordings/ whose name does not match the pattern is left out and logged by name.
 
   python -m recipes.fsdd.prepare --data-dir data --dev-speakers theo
   python -m recipes.fsdd.prepare --data-dir data --dev-speakers none --test-speakers theo
@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 # NOTE: theo has a neutral US accent: a held-out speaker whose error rate measures generalisation to
 # a new voice, while the accented speakers (Greek, German, French) stay in training, where their
-# variety helps most. An accented unseen speaker is far harder (DESIGN.md: ~32% vs ~12% WER).
+# variety helps most. An accented unseen speaker is far harder (~32% vs ~12% WER: docs/design.md,
+# "Tiny models on the digit corpus").
 DEFAULT_DEV_SPEAKERS = "theo"
 # --dev-speakers none: dev holds the training speakers' recordings whose index is a multiple of this
 # (10%, every digit alike), so that with one test speaker the other four all train (bench/bench_loso.py).

@@ -13,8 +13,8 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from tests.make_bad_kaldi_dir import DEFAULT_WAV_DIR
-from tests.train_data import WORDS
+from tests.helpers.make_bad_kaldi_dir import DEFAULT_WAV_DIR
+from tests.helpers.train_data import WORDS
 
 HOSTILE = {
     "clash": "sp0.9-george-0_george_0",       # what stage 1 calls george-0_george_0's 0.9 copy

@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.test_run_sh import CLEAN_ENV, ROOT
+from tests.helpers.run_sh import CLEAN_ENV, ROOT
 
 
 def start_run_sh(*args: str, stderr: Path, env: dict | None = None,

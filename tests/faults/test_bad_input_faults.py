@@ -15,8 +15,8 @@ import pytest
 from funasr_recipe.core.jsonl import iter_jsonl
 from tests.faults.hostile_corpus import HOSTILE, build
 from tests.faults.procs import processes_with
-from tests.test_run_sh import CLEAN_ENV, ROOT
-from tests.train_fixtures import FAST, free_port
+from tests.helpers.run_sh import CLEAN_ENV, ROOT
+from tests.helpers.train_fixtures import FAST, free_port
 
 pytestmark = pytest.mark.fault_slow
 NO_DAC = ("--bounding-set=-dac_override,-dac_read_search",)

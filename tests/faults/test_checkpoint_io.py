@@ -1,4 +1,4 @@
-"""Atomic checkpoints (funasr_recipe/train/checkpoint_io.py): real 2-rank DeepSpeed ZeRO-1 bf16 CPU
+"""Atomic checkpoints (funasr_recipe/compat/checkpoint_io.py): real 2-rank DeepSpeed ZeRO-1 bf16 CPU
 trainings killed (SIGKILL, FUNASR_RECIPE_CKPT_KILL) in the middle of epoch 2's write, then resumed; the
 same kill on funasr's own writes; funasr's DDP-path writes in a real Trainer; the pieces as units."""
 
@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from funasr_recipe.model.checkpoint import average, deepspeed_safe_globals
-from funasr_recipe.train.checkpoint_io import KILL_ENV, Kill, check_kept, recover, swap_in
-from tests.test_run_sh import CLEAN_ENV, ROOT
-from tests.train_fixtures import free_port
+from funasr_recipe.compat.checkpoint_io import KILL_ENV, Kill, check_kept, recover, swap_in
+from funasr_recipe.model.averaging import average
+from funasr_recipe.model.checkpoint import deepspeed_safe_globals
+from tests.helpers.run_sh import CLEAN_ENV, ROOT
+from tests.helpers.train_fixtures import free_port
 
 RANKS_ENV = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
              "PYTHONUNBUFFERED": "1", "LC_ALL": "C.UTF-8"}
@@ -24,7 +25,7 @@ RANKS_ENV = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS":
 # local/train.py's own install() keeps this choice (atomic=False is funasr's own writes with only the
 # fault injection: what a kill does without the module).
 DRIVER = """import sys
-from funasr_recipe.train import checkpoint_io
+from funasr_recipe.compat import checkpoint_io
 checkpoint_io.install(atomic={atomic})
 import local.train
 sys.exit(local.train.main(sys.argv[1:]))
@@ -134,7 +135,7 @@ def test_without_it_the_same_kill_leaves_a_model_pt_that_does_not_load(dumped: P
 
 
 DDP_RUN = """import os, sys, torch
-from funasr_recipe.train import checkpoint_io
+from funasr_recipe.compat import checkpoint_io
 checkpoint_io.install()
 from funasr.train_utils.trainer_ds import Trainer
 t = Trainer(output_dir=sys.argv[1], device="cpu", avg_keep_nbest_models_type="loss", keep_nbest_models=5)

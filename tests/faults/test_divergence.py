@@ -1,4 +1,4 @@
-"""The divergence guard (funasr_recipe/train/divergence.py): short CPU trainings (2 ranks, torchrun) with a
+"""The divergence guard (funasr_recipe/compat/divergence.py): short CPU trainings (2 ranks, torchrun) with a
 NaN injected through FUNASR_RECIPE_FAULT, under DeepSpeed ZeRO-1 bf16 and DDP, whose bad steps are
 skipped on every rank; a learning rate of 1e3 that stops with advice; and the pieces as units."""
 
@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from funasr_recipe.model.checkpoint import deepspeed_safe_globals, safe_load
-from funasr_recipe.reports.curves import parse_log
-from funasr_recipe.train.divergence import (
+from funasr_recipe.compat.divergence import (
     FAULT_ENV,
     SOURCE,
     LossRule,
@@ -26,8 +24,10 @@ from funasr_recipe.train.divergence import (
     keys_of,
     parse_faults,
 )
-from tests.test_run_sh import CLEAN_ENV, ROOT
-from tests.train_fixtures import free_port
+from funasr_recipe.model.checkpoint import deepspeed_safe_globals, safe_load
+from funasr_recipe.reports.curves import parse_log
+from tests.helpers.run_sh import CLEAN_ENV, ROOT
+from tests.helpers.train_fixtures import free_port
 
 # 10 steps an epoch per rank on the 1200 training utterances of the prepared digits (3000 frames a batch).
 TINY = ["++train_conf.log_interval=1", "++dataset_conf.batch_size=3000", "++scheduler_conf.warmup_steps=10"]

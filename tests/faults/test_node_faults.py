@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.faults.procs import log_has, processes_with, start_run_sh, wait_for
-from tests.test_run_sh import run_sh
-from tests.train_fixtures import FAST, free_port
+from tests.helpers.run_sh import run_sh
+from tests.helpers.train_fixtures import FAST, free_port
 
 pytestmark = pytest.mark.fault_slow
 EPOCHS = ["++train_conf.max_epoch=3", *FAST]

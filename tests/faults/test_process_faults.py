@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.faults.procs import start_run_sh, wait_for
-from tests.test_run_sh import run_sh
-from tests.train_data import make_digit_subset
+from tests.helpers.run_sh import run_sh
+from tests.helpers.train_data import make_digit_subset
 
 
 def digit_args(root: Path, *more: str) -> list[str]:

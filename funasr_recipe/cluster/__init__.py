@@ -1,1 +1,0 @@
-"""Cluster operations before and around training: preflight across nodes, communication profiles."""

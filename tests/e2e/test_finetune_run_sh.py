@@ -1,0 +1,77 @@
+"""run.sh's fine-tuning options at stage 0: replay dirs validated like the corpus's sets (and a replay
+dir with no usable utterance fatal, naming it), repeated --replay-dir options accumulating.
+
+  .venv/bin/python -m pytest tests/e2e/test_finetune_run_sh.py -q
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.helpers.run_sh import ROOT, run_sh
+
+WAVS = sorted((ROOT / "corpora" / "free-spoken-digit-dataset" / "recordings").glob("*_theo_*.wav"))
+
+
+def kaldi_dir(path: Path, entries: list[tuple[str, str, str]]) -> Path:
+    """A Kaldi dir of (key, wav path, transcript) lines."""
+    path.mkdir(parents=True)
+    (path / "wav.scp").write_text("".join(f"{k} {w}\n" for k, w, _ in entries))
+    (path / "text").write_text("".join(f"{k} {t}\n" for k, _, t in entries))
+    (path / "utt2spk").write_text("".join(f"{k} {k.split('-')[0]}\n" for k, _, _ in entries))
+    return path
+
+
+def stage0(tmp: Path, *extra: str):
+    return run_sh("--stop-stage", "0", "--data-dir", str(tmp / "data"), "--exp-dir", str(tmp / "exp"), *extra)
+
+
+def test_replay_dirs_are_validated_into_data(tmp_path: Path) -> None:
+    a = kaldi_dir(tmp_path / "old_a", [(f"theo-{w.stem}", str(w), "SEVEN") for w in WAVS[:4]])
+    b = kaldi_dir(tmp_path / "old_b", [(f"theo-{w.stem}", str(w), "NINE") for w in WAVS[4:7]])
+    res = stage0(tmp_path, "--replay-dir", str(a), "--replay-dir", str(b))
+    assert res.returncode == 0, res.stderr[-3000:]
+    for name, n in (("replay_old_a", 4), ("replay_old_b", 3)):
+        lines = (tmp_path / "data" / name / "data.jsonl").read_text().splitlines()
+        assert len(lines) == n and all(json.loads(x)["source"].endswith(".wav") for x in lines)
+    assert "--replay-dir" in (tmp_path / "exp" / "replay.sh").read_text()
+
+
+def test_replay_dir_with_no_usable_utterance_is_fatal_and_named(tmp_path: Path) -> None:
+    bad = kaldi_dir(tmp_path / "old", [("theo-x1", str(tmp_path / "missing.wav"), "SEVEN"),
+                                       ("theo-x2", str(WAVS[0]), "")])
+    res = stage0(tmp_path, "--replay-dir", str(bad))
+    assert res.returncode != 0
+    assert "replay_old: no utterance was accepted" in res.stderr
+    rejected = (tmp_path / "data" / "replay_old" / "rejected.tsv").read_text()
+    assert "theo-x1" in rejected and "theo-x2" in rejected
+    assert not (tmp_path / "data" / ".done").exists()
+
+
+def test_replay_dir_without_text_says_so(tmp_path: Path) -> None:
+    d = kaldi_dir(tmp_path / "old", [(f"theo-{w.stem}", str(w), "SEVEN") for w in WAVS[:2]])
+    (d / "text").unlink()
+    res = stage0(tmp_path, "--replay-dir", str(d))
+    assert res.returncode != 0 and f"--replay-dir {d} needs wav.scp and text" in res.stderr
+
+
+def test_replay_given_as_a_data_jsonl(tmp_path: Path) -> None:
+    """A manifest (key, source, target, tags) is a replay set too: written as a Kaldi dir, then validated
+    like one (a missing audio file rejected and listed); a line without a target names file and line."""
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    lines = [{"key": f"theo-{w.stem}", "source": str(w), "target": "SEVEN", "text_language": "<|en|>"}
+             for w in WAVS[:3]]
+    lines.append({"key": "theo-gone", "source": str(tmp_path / "gone.wav"), "target": "NINE"})
+    (pool / "data.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    res = stage0(tmp_path, "--replay-dir", str(pool / "data.jsonl"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    accepted = (tmp_path / "data" / "replay_pool" / "data.jsonl").read_text().splitlines()
+    assert sorted(json.loads(x)["key"] for x in accepted) == sorted(x["key"] for x in lines[:3])
+    assert "theo-gone" in (tmp_path / "data" / "replay_pool" / "rejected.tsv").read_text()
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(lines[0]) + "\n" + json.dumps({"key": "k", "source": str(WAVS[0])}) + "\n")
+    res = stage0(tmp_path / "b", "--replay-dir", str(bad))
+    assert res.returncode != 0 and f"{bad}:2: a replay manifest line needs" in res.stderr
