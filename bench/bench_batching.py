@@ -25,7 +25,6 @@ with the same dataset_conf (batch_type token, --batch-size frames per rank, sort
 
 from __future__ import annotations
 
-import argparse
 import functools
 import subprocess
 import sys
@@ -40,6 +39,7 @@ import torch.distributed as dist
 from funasr.register import tables
 
 import funasr_recipe.data.batch_sampler  # noqa: F401  (registers LengthBucketBatchSampler)
+from funasr_recipe.core.cli import program_parser
 from funasr_recipe.data.batching import SourceLengths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +113,7 @@ def measure(make: Callable[..., dict[str, Any]], lengths: list[int], conf: dict[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = program_parser(__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, action="append", help="data.jsonl to read (repeatable)")
     parser.add_argument("--batch-size", type=int, default=6000, help="padded frames per rank")
     parser.add_argument("--jitter", type=float, default=0.01, help="length_jitter of the third row")

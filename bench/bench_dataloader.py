@@ -34,7 +34,6 @@ prefetch are each worth.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import math
@@ -49,6 +48,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from funasr_recipe.core.cli import program_parser
 
 torch.set_num_threads(1)
 
@@ -219,8 +220,7 @@ def row_text(batch_size: int, workers: int, funasr: Rate | None, ours: Rate, not
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--corpus", choices=("speechocean762", "fsdd"),
                         default="speechocean762" if SHARED.is_dir() else "fsdd")
     parser.add_argument("--num-workers", type=int, nargs="+", default=[0, 1, 2],

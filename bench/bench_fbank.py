@@ -22,7 +22,6 @@ all from this one run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -36,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import torch
+
+from funasr_recipe.core.cli import program_parser
 
 torch.set_num_threads(1)  # a stage-1 process is single-threaded (path.sh sets OMP_NUM_THREADS=1)
 
@@ -153,8 +154,7 @@ def time_stage1(work: Path, data: Path, world: int, tag: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--corpus", choices=("speechocean762", "fsdd"),
                         default="speechocean762" if SHARED.is_dir() else "fsdd")
     parser.add_argument("--repeat", type=int, default=3, help="copies of the list for stage 1's runs")

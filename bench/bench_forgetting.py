@@ -27,7 +27,6 @@ A rerun skips what run.sh's own .done markers say is finished, so an interrupted
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import re
@@ -39,6 +38,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from funasr_recipe.core.cli import program_parser
 from funasr_recipe.core.log import setup_logging
 from recipes.common import Utt, read_kaldi_dir, write_kaldi_set
 from recipes.fsdd import BUNDLED, NAME, WORDS
@@ -203,8 +203,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--work-dir", type=Path, default=REPO / "exp" / "bench_forgetting")
     parser.add_argument("--fsdd-dir", type=Path, default=BUNDLED)
     parser.add_argument("--zh-dir", type=Path, default=SHARED / "mandarin_syllables")

@@ -22,7 +22,6 @@ A rerun skips what run.sh's own .done markers say is finished, so an interrupted
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import subprocess
@@ -30,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from funasr_recipe.core.cli import split_overrides
+from funasr_recipe.core.cli import program_parser, split_overrides
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.scoring.across_runs import mean_rate, pooled_rate, run_row
 from recipes.common import split_list
@@ -79,8 +78,7 @@ def table(rows: list[dict], config: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     own, extra = split_overrides(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--work-dir", type=Path, default=Path("loso"),
                         help="folds go to <work-dir>/<speaker>/")
     parser.add_argument("--config", default="conf/tiny_sensevoice.yaml")

@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from funasr_recipe.core.cli import program_parser
+
 try:
     import psutil
 except ImportError:  # the tree column is left empty
@@ -169,8 +171,7 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: see the module docstring."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--nj", type=int, default=2, help="workers of the parallel runs (compared to nj=1)")
     parser.add_argument("--out-json", type=Path, help="also write the runs and ratios here")
     parser.add_argument("--work-dir", type=Path, help="where to build the sets (default: a temporary folder)")

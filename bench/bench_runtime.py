@@ -15,21 +15,20 @@ this one run; --out-json keeps the report.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from funasr_recipe.core.cli import program_parser
 from funasr_recipe.core.env import available_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--exp-dir", type=Path, default=ROOT / "exp" / "tiny_sensevoice")
     parser.add_argument("--data-jsonl", type=Path, default=ROOT / "data" / "dev" / "data.jsonl")
     parser.add_argument("--max-utts", type=int, default=200)

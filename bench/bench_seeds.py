@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from funasr_recipe.core.cli import run_main, split_overrides
+from funasr_recipe.core.cli import program_parser, run_main, split_overrides
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.reports.curves import read_validation_losses
 from funasr_recipe.scoring.across_runs import mean_rate, run_row
@@ -66,8 +66,7 @@ def table(rows: list[dict], config: str, overrides: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--work-dir", type=Path, default=Path("seeds"))
     parser.add_argument("--config", default="conf/tiny_sensevoice.yaml")
     parser.add_argument("--seeds", default="0,1,2", help="comma separated training seeds")

@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import soundfile as sf
 
+from funasr_recipe.core.cli import program_parser
 from funasr_recipe.data.tags import strip_tags
 from funasr_recipe.runtime.onnx_asr import OnnxASR
 
@@ -92,8 +93,7 @@ def load(url: str, files: list[tuple[str, bytes]], requests: int, clients: int) 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--export-dir", type=Path, default=ROOT / "exp" / "tiny_sensevoice" / "export")
     parser.add_argument("--data-jsonl", type=Path, default=ROOT / "data" / "dev" / "data.jsonl")
     parser.add_argument("--max-utts", type=int, default=100, help="distinct files, sent round-robin")

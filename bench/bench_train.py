@@ -31,6 +31,8 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
+from funasr_recipe.core.cli import program_parser
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "conf" / "tiny_sensevoice.yaml"
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) .*\[node0 rank0\]")
@@ -88,8 +90,7 @@ def _time(line: str) -> datetime:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--engine", choices=("deepspeed", "ddp"), default="deepspeed")
     parser.add_argument("--batch-size", type=int, default=6000, help="padded fbank frames per rank")
     parser.add_argument("--fbank-workers", type=int, default=1,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.cli import program_parser, run_main
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.dist.markers import mark_done
@@ -50,8 +50,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--exp-dir", type=Path, required=True)
     parser.add_argument("--num", type=int, help="checkpoints to average (default: the config's "
                         "train_conf.avg_nbest_model in <exp-dir>/config.yaml, else 5)")

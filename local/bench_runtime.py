@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from funasr_recipe.compat.lazy_import import install as install_lazy_funasr
-from funasr_recipe.core.cli import EXIT_FAILURE, run_main
+from funasr_recipe.core.cli import EXIT_FAILURE, program_parser, run_main
 from funasr_recipe.core.env import available_cores, cpu_name, versions
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done
@@ -83,8 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--exp-dir", type=Path, required=True, help="exp/<tag>: reads export/, writes "
                         "benchmark.{md,json}")
     parser.add_argument("--data-jsonl", type=Path, required=True, help="stage 0's data.jsonl of a test set")

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.cli import program_parser, run_main
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.dist.comm_profile import PROFILES, exports, profile, resolve
 
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = program_parser(__doc__)
     p.add_argument("--profile", choices=PROFILES, default="default")
     p.add_argument("--socket-ifname", default="",
                    help="NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, e.g. ib0, eth0")

@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from funasr_recipe.compat.lazy_import import install as install_lazy_funasr
 from funasr_recipe.compat.lazy_import import register_config
-from funasr_recipe.core.cli import env_rank, run_main, split_overrides, str2bool
+from funasr_recipe.core.cli import env_rank, program_parser, run_main, split_overrides, str2bool
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.features.dump import SetPlan, compute_shards, merge_set, plan_sets, write_cmvn
 from funasr_recipe.features.fbank import FbankConf
@@ -105,8 +105,7 @@ def check_targets(args: argparse.Namespace, cfg: DictConfig, conf: FbankConf, pl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("mode", choices=("work", "merge"))
     parser.add_argument("--config", type=Path, required=True, help="model config (conf/*.yaml)")
     parser.add_argument("--data-dir", type=Path, default=Path("data"))

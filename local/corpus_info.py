@@ -8,13 +8,12 @@ Reads <data-dir>/corpus.json (written by the corpus recipe in stage 0); writes t
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.cli import program_parser, run_main
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data.corpus import read_corpus_info
@@ -32,8 +31,7 @@ def field_value(data_dir: Path, field: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("fields", nargs="+",
                         help="fields of corpus.json, e.g. sets, train_set, test_sets, language")

@@ -24,7 +24,13 @@ import sys
 from pathlib import Path
 
 from funasr_recipe.compat.lazy_import import install as install_lazy_funasr
-from funasr_recipe.core.cli import add_shard_work_options, check_shard_work_options, run_main, str2bool
+from funasr_recipe.core.cli import (
+    add_shard_work_options,
+    check_shard_work_options,
+    program_parser,
+    run_main,
+    str2bool,
+)
 from funasr_recipe.core.jsonl import read_jsonl
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done, wait_for_marker
@@ -68,8 +74,7 @@ def merge(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("mode", choices=("work", "merge"))
     parser.add_argument("--data-jsonl", type=Path, required=True, help="stage 0's data/<set>/data.jsonl")
     parser.add_argument("--out", type=Path, required=True, help="decode dir, e.g. exp/<tag>/decode_<set>")

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from funasr_recipe.compat.lazy_import import install as install_lazy_funasr
-from funasr_recipe.core.cli import EXIT_FAILURE, run_main
+from funasr_recipe.core.cli import EXIT_FAILURE, program_parser, run_main
 from funasr_recipe.core.env import available_cores
 from funasr_recipe.core.fmt import pct
 from funasr_recipe.core.log import setup_logging
@@ -109,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--model-dir", type=Path, required=True, help="model dir in the hub's layout")
     parser.add_argument("--out", type=Path, required=True, help="export dir to write")
     parser.add_argument("--data-jsonl", type=Path, required=True, help="stage 0's data.jsonl of a test set")

@@ -14,12 +14,11 @@ writes <cache-dir>/<dump name>-<hash>/ (copies, rewritten lists, links, sidecars
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.cli import program_parser, run_main
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.data.local_cache import fill
 
@@ -27,8 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--dump-dir", type=Path, required=True, help="the shared stage-1 dump dir")
     parser.add_argument("--cache-dir", type=Path, required=True, help="a node-local dir (NVMe, /dev/shm)")
     parser.add_argument("--sets", required=True, help="space-separated sets of --dump-dir stage 2 reads")

@@ -16,7 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.cli import program_parser, run_main
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.model.model_dir import make_model_dir
 
@@ -29,8 +29,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--exp-dir", type=Path, required=True)
     parser.add_argument("--checkpoint", default="model.pt.best",
                         help="checkpoint under --exp-dir: a DeepSpeed tag dir or a state-dict file")

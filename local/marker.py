@@ -26,7 +26,7 @@ import logging
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import EXIT_FAILURE, run_main, split_overrides, str2bool
+from funasr_recipe.core.cli import EXIT_FAILURE, program_parser, run_main, split_overrides, str2bool
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.data import sources
 from funasr_recipe.dist import node_status
@@ -73,8 +73,7 @@ def _node(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     own, parts = split_overrides(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     fp = sub.add_parser("fingerprint", help="print the fingerprint of the parts after -- and of files")
     fp.add_argument("--files", type=Path, nargs="*", default=[], help="by path, size and mtime")

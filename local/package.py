@@ -18,7 +18,7 @@ import logging
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.cli import program_parser, run_main
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done
 from funasr_recipe.packaging.package import MIN_SECONDS, ROOT, build_package, check_export, runtime_files
@@ -49,8 +49,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--exp-dir", type=Path, required=True, help="exp/<tag> holding export/ (stage 4)")
     parser.add_argument("--data-jsonl", type=Path, required=True, help="stage 0's data.jsonl of a test set")
     parser.add_argument("--model-dir", type=Path, help="PyTorch model dir (default: <exp-dir>/final)")

@@ -17,7 +17,7 @@ import logging
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.cli import program_parser, run_main
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.reports.curves import parse_log, plot
@@ -45,8 +45,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("log", type=Path, help="funasr training log (exp/<tag>/train.log)")
     parser.add_argument("--out", type=Path, help="output path without suffix (default: <log dir>/curves)")
     args = parser.parse_args(argv)

@@ -17,7 +17,7 @@ import logging
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.cli import program_parser, run_main
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.dist.node_report import NodeInputs
 from funasr_recipe.dist.preflight import PreflightSetup, run_preflight
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = program_parser(__doc__)
     p.add_argument("--nnodes", type=int, required=True)
     p.add_argument("--node-rank", type=int, required=True)
     p.add_argument("--master-addr", required=True)

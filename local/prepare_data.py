@@ -28,7 +28,7 @@ import re
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import EXIT_FAILURE, run_main, str2bool
+from funasr_recipe.core.cli import EXIT_FAILURE, program_parser, run_main, str2bool
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data.overlap import OVERLAP_TSV, find_overlaps
@@ -80,8 +80,7 @@ def run_overlap(data_dir: Path, sets: list[str], strict: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--set-dir", type=Path, help="Kaldi data dir to validate")
     parser.add_argument("--jsonl-to-kaldi", type=Path, help="instead: write this data.jsonl as the Kaldi dir "
                         "--set-dir")

@@ -26,7 +26,7 @@ import logging
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import add_shard_work_options, check_shard_work_options, run_main
+from funasr_recipe.core.cli import add_shard_work_options, check_shard_work_options, program_parser, run_main
 from funasr_recipe.core.jsonl import read_jsonl
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.data.replay import merge_pseudo_labels, wav_scp_items
@@ -82,8 +82,7 @@ def merge(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("mode", choices=("work", "merge"))
     parser.add_argument("--wav-scp", type=Path, required=True,
                         help="wav.scp of the audio to label (its dir's utt2spk is used when present)")

@@ -22,7 +22,7 @@ import re
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import StageFailed, run_main, str2bool
+from funasr_recipe.core.cli import StageFailed, program_parser, run_main, str2bool
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.scoring.regression import (
     check_language,
@@ -59,8 +59,7 @@ def run_gate(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check", help="refuse a regression set in a language the model does not know")
     c.add_argument("--model-dir", type=Path, required=True, help="the model before fine-tuning (hub layout)")

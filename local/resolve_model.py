@@ -14,7 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import run_main, split_overrides
+from funasr_recipe.core.cli import program_parser, run_main, split_overrides
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.model.config import load_config, pretrained_model
 from funasr_recipe.model.pretrained import resolve
@@ -34,8 +34,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--pretrained-dir", type=Path, help="a local copy of the config's pretrained model")
     args = parser.parse_args(own)

@@ -10,13 +10,12 @@ writes <exp-dir>/RESULTS.md (or --out); with --headline, prints one result's lin
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.cli import program_parser, run_main
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.scoring.results_md import write_results_md
 
@@ -31,8 +30,7 @@ def headline(result_json: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--exp-dir", type=Path, help="experiment dir (exp/<tag>)")
     parser.add_argument("--headline", type=Path, help="print this result.json's line and exit")
     parser.add_argument("--out", type=Path, help="output file (default: <exp-dir>/RESULTS.md)")

@@ -9,12 +9,11 @@ writes <dir>/{per_utt.txt,result.txt,result.json}.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
 
-from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.cli import program_parser, run_main
 from funasr_recipe.core.fmt import pct
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.scoring.score import score_dir
@@ -35,8 +34,7 @@ def run(decode_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--dir", type=Path, required=True, help="decode dir (exp/<tag>/decode_<set>)")
     args = parser.parse_args(argv)
     setup_logging()

@@ -16,7 +16,6 @@ writes <exp-dir>/: funasr's checkpoints, config.yaml, TensorBoard log, train_ski
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 from funasr_recipe.compat import finetune
 from funasr_recipe.compat.hooks import HookOptions
 from funasr_recipe.compat.install import install, run_trainer
-from funasr_recipe.core.cli import run_main, split_overrides, str2bool
+from funasr_recipe.core.cli import program_parser, run_main, split_overrides, str2bool
 from funasr_recipe.core.lifetime import die_with_parent
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.data import replay
@@ -41,8 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     # killer) nothing else stops this rank from training on unseen (funasr_recipe/core/lifetime.py).
     die_with_parent()
     own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--exp-dir", type=Path, required=True)
     parser.add_argument("--data-dir", type=Path, default=Path("data"))

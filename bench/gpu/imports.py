@@ -11,12 +11,12 @@ as "SenseVoiceSmall is not registered" deep inside training.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 import traceback
 from pathlib import Path
 
+from funasr_recipe.core.cli import program_parser
 from funasr_recipe.families.registry import SENSEVOICE  # torch-free: safe before the checks
 
 # What bench/gpu/check.sh runs: run.sh's stage 0-2 programs, stage 3's decoding, and the trainer they use.
@@ -80,8 +80,7 @@ def check(site: Path | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--site", type=Path, help="the --target dir the wheels were installed into")
     args = parser.parse_args(argv)
     missing = check(args.site)

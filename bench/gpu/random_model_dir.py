@@ -16,7 +16,6 @@ writes <out>/{model.pt, config.yaml, configuration.json, am.mvn, chn_jpn_yue_eng
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import logging
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from funasr_recipe.core.cli import run_main
+from funasr_recipe.core.cli import program_parser, run_main
 from funasr_recipe.core.jsonl import iter_jsonl
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.core.rejections import BadInputError
@@ -126,8 +125,7 @@ def write_model_dir(data_jsonl: Path, out: Path, size: str = "released", seed: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--data-jsonl", type=Path, help="stage 0's data/<train>/data.jsonl")
     parser.add_argument("--out", type=Path, help="the model dir to write")
     parser.add_argument("--size", choices=SIZES, default="released",

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from funasr_recipe.core.cli import program_parser
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.reports.curves import parse_log
 from funasr_recipe.scoring.decode_dir import shard_file
@@ -106,8 +107,7 @@ def named_path(value: str) -> tuple[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__)
     parser.add_argument("--model-dir", type=Path, required=True, help="the model dir that was trained")
     parser.add_argument("--train", type=named_path, action="append", default=[],
                         help="NAME=train.log of one training run (repeatable)")

@@ -34,6 +34,13 @@ EXIT_CODES_HELP = ("exit status: 0 done, 1 failure (or a bug: with a traceback),
                    f"(one line; {DEBUG_ENV}=1 shows its traceback)")
 
 
+def program_parser(description: str | None) -> argparse.ArgumentParser:
+    """The parser of a program (``local/``, ``bench/``): its docstring as the description, kept as written,
+    and the exit codes (with RECIPE_DEBUG) under the options of its --help."""
+    return argparse.ArgumentParser(description=description, epilog=EXIT_CODES_HELP,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 class StageFailed(RuntimeError):
     """The work ran to the end and its result must not be used (exit 1); the message says why."""
 

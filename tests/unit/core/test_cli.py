@@ -148,3 +148,22 @@ def test_corpus_info_prints_fields_and_names_what_is_wrong(tmp_path: Path,
         (tmp_path / "corpus.json").write_text(broken)
         assert main(["--data-dir", str(tmp_path), "sets"]) == 2
         assert f"{tmp_path / 'corpus.json'}: not a corpus.json that a recipe wrote" in capsys.readouterr().err
+
+
+def test_every_program_says_its_exit_codes_in_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every program of local/ and bench/ builds its parser with program_parser (so its --help ends with
+    the exit codes and RECIPE_DEBUG), and that help says them."""
+    import ast
+
+    built_by_hand = []
+    for path in sorted([*(ROOT / "local").glob("*.py"), *(ROOT / "bench").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr == "ArgumentParser":
+                built_by_hand.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert built_by_hand == []
+    from local.score import main as score_main
+
+    with pytest.raises(SystemExit):
+        score_main(["--help"])
+    assert "RECIPE_DEBUG=1 shows its traceback" in capsys.readouterr().out
