@@ -135,6 +135,7 @@ def test_runtime_cli_and_arrays(exp: tuple[str, Path], data16k: Path) -> None:
                                                                      "fastapi", "uvicorn", "python-multipart"}
 
 
+@pytest.mark.slow  # starts the package's HTTP server for each family
 def test_package_serves_over_http(exp: tuple[str, Path], data16k: Path) -> None:
     """The HTTP service from the package's runtime/ alone, as its card says to start it."""
     _, exp_dir = exp

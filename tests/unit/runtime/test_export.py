@@ -189,6 +189,7 @@ def test_rerun_skips_finished_export(exported: tuple[str, Path, Path, int], data
     assert (out / "model.onnx").stat().st_mtime_ns == before
 
 
+@pytest.mark.slow  # a second export check on the whole set
 def test_check_only_adds_sherpa_files_to_an_old_export(exported: tuple[str, Path, Path, int],
                                                        data_jsonl: Path, tmp_path: Path) -> None:
     """An export made before stage 4 wrote sherpa-onnx's files gets them from --check-only."""
@@ -218,6 +219,7 @@ def _break_output_layer(path: Path) -> None:
     onnx.save(model, str(path))
 
 
+@pytest.mark.slow  # the export check run again on each broken copy
 @pytest.mark.parametrize(("broken", "extra", "failure"), [
     ("model.onnx", UNGATED_INT8, "ONNX fp32 transcripts identical to PyTorch on 0.0%"),
     ("model_quant.onnx", [], "int8 error rate"),

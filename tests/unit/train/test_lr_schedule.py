@@ -227,7 +227,7 @@ def test_registered_in_funasr_and_built_from_conf() -> None:
     assert advance(optim, sched, 600)[600] == pytest.approx([FLOOR + (PEAK - FLOOR) / 2], rel=1e-12)
 
 
-@pytest.mark.parametrize("total", [40, 1100, 50000])
+@pytest.mark.parametrize("total", [40, 1100, pytest.param(50000, marks=pytest.mark.slow)])  # 50000: 8 s
 def test_warmup_ratio_scales_the_warmup_to_the_run(total: int) -> None:
     optim, sched = build(warmup_steps=1000, warmup_ratio=0.1)  # the config's fixed warmup is replaced
     sched.set_total_steps(total)
