@@ -134,11 +134,6 @@ def decoding_spec(name: str) -> FamilySpec:
     return FAMILIES.get(name) or FamilySpec(name=name, decoding=CTC, runtimes=frozenset())
 
 
-def is_family(name: str | None) -> bool:
-    """Whether ``name`` is one of the recipe's families."""
-    return (name or "") in FAMILIES
-
-
 def supporting(runtime: str) -> tuple[str, ...]:
     """The families whose exports ``runtime`` loads."""
     return tuple(n for n, s in FAMILIES.items() if runtime in s.runtimes)

@@ -40,6 +40,7 @@ from funasr_recipe.runtime.onnx_asr import export_family
 
 log = logging.getLogger(__name__)
 (FAMILY,) = supporting(SHERPA_ONNX)  # the one family whose loader sherpa-onnx has (offline SenseVoice)
+SPEC = family_spec(FAMILY)
 MODEL_FILES = ("model.onnx", "model_quant.onnx")
 TOKENS = "tokens.txt"
 # What the C++ loader reads without a default (sherpa-onnx 2.0.1): a missing one ends the process.
@@ -86,9 +87,9 @@ def sherpa_metadata(export_dir: Path, config: dict, vocab_size: int) -> dict[str
         "normalize_samples": "0",
         "neg_mean": _floats(shift),
         "inv_stddev": _floats(scale),
-        **{f"lang_{name}": str(i) for name, i in family_spec(FAMILY).language_ids.items()},
-        "with_itn": str(family_spec(FAMILY).textnorm_ids["withitn"]),
-        "without_itn": str(family_spec(FAMILY).textnorm_ids["woitn"]),
+        **{f"lang_{name}": str(i) for name, i in SPEC.language_ids.items()},
+        "with_itn": str(SPEC.textnorm_ids["withitn"]),
+        "without_itn": str(SPEC.textnorm_ids["woitn"]),
     }
 
 
