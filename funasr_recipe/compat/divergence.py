@@ -154,6 +154,9 @@ def carry_sources(dataset: Dataset) -> bool:
     """Make the training loader's batches carry their sources; False where the dataset cannot."""
     if isinstance(dataset.__dict__.get("__getitems__"), WithSources):
         return True
+    if hasattr(type(dataset), "sources_key"):  # the recipe's stage-1 datasets batch their own sources
+        dataset.sources_key = SOURCE
+        return True
     if hasattr(type(dataset), "__getitems__") or not hasattr(dataset, "index_ds"):
         return False
     dataset.__getitems__ = WithSources(dataset)

@@ -66,7 +66,11 @@ class _Collated:
 
 class _StageOneFeatures:
     """Per-utterance ``__getitem__`` and whole-batch ``__getitems__`` over stage-1 features, for a funasr
-    dataset class (``index_ds``, ``frontend``, ``preprocessor_text``, pad values, ``collator``)."""
+    dataset class (``index_ds``, ``frontend``, ``preprocessor_text``, pad values, ``collator``).
+    With ``sources_key`` set (the divergence guard sets it), each batch also carries its utterances'
+    sources under that key, so that a bad step can name its utterances."""
+
+    sources_key: str | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -92,8 +96,11 @@ class _StageOneFeatures:
                                        None if self._pool is None else self._pool.give_back)
         text, text_lengths = pad_ids([self._token_ids(i) for i in items], self.int_pad_value)
         speech_lengths = torch.tensor(lengths, dtype=torch.int32)[:, None]
-        return _Collated({"speech": speech, "speech_lengths": speech_lengths, "text": text,
-                          "text_lengths": text_lengths})
+        batch = {"speech": speech, "speech_lengths": speech_lengths, "text": text,
+                 "text_lengths": text_lengths}
+        if self.sources_key is not None:  # a list: funasr's halving of an oversized batch slices it alike
+            batch[self.sources_key] = [i["source"] for i in items]
+        return _Collated(batch)
 
     def collator(self, samples: Any) -> dict[str, torch.Tensor]:
         """funasr's collator on a list of samples; on ``__getitems__``'s batch only what follows the

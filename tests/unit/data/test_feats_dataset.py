@@ -85,3 +85,19 @@ def test_unreadable_features_fail_naming_the_source(dumped: Path, tmp_path: Path
     ds = loaders(bad, bad, "FbankSenseVoiceCTCDataset", dumped).dataset_tr
     with pytest.raises(RuntimeError, match="gone.ark:10"):
         ds[0]
+
+
+def test_the_divergence_guard_gets_each_batchs_sources(dumped: Path) -> None:
+    """A bad step names its utterances: the recipe's batches carry their sources once the guard asks."""
+    from funasr_recipe.compat.divergence import SOURCE, carry_sources, keys_of
+
+    train_jsonl = dumped / "train" / "data.jsonl"
+    loader = loaders(train_jsonl, dumped / "dev" / "data.jsonl", "FbankSenseVoiceCTCDataset", dumped)
+    train, _ = loader.build_iter(epoch=0)
+    assert carry_sources(train.dataset)
+    items = jsonl(train_jsonl)
+    seen = []
+    for batch in train:
+        assert len(batch[SOURCE]) == batch["speech"].shape[0]
+        seen += keys_of(str(train_jsonl), batch[SOURCE])
+    assert sorted(seen) == sorted(i["key"] for i in items)
