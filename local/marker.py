@@ -17,12 +17,16 @@ or what changed, or why training failed.
   python -m local.marker node wait-peers exp/x/.nodes FP --node-rank 0 --nnodes 2 --timeout 600
   python -m local.marker node explain exp/x/.nodes FP --node-rank 0 --nnodes 2 --log exp/x/train.log \\
       --master 10.0.0.1:29500
+  python -m local.marker resume exp/x --config C --ds-config J --dump-marker dump/.done --world-size 2 \\
+      --train-opts "--train-set train ..." [--pretrained-dir D] [--restart true] -- ++overrides
+      # stage 2: may it train in exp/x (train/resume_guard.py)? exit 2 naming what differs
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 from pathlib import Path
 
@@ -71,6 +75,30 @@ def _node(args: argparse.Namespace) -> int:
     return 0
 
 
+# Training options that do not shape the model, or whose content the identity holds instead of the path.
+NOT_IDENTITY = frozenset({"exp-dir", "strict", "config", "ds-config", "pretrained-dir"})
+
+
+def _resume(args: argparse.Namespace, overrides: list[str]) -> int:
+    from funasr_recipe.train import resume_guard  # omegaconf: not for the many other marker commands
+
+    words = shlex.split(args.train_opts)
+    options = {words[i].lstrip("-"): words[i + 1] for i in range(0, len(words) - 1, 2)
+               if words[i].lstrip("-") not in NOT_IDENTITY}
+    options["world-size"] = str(args.world_size)
+    new = resume_guard.identity(args.config, overrides, args.ds_config, options, args.dump_marker,
+                                args.pretrained_dir)
+    if args.node_rank != 0:  # node 0 decides and moves; the others only refuse what node 0 will refuse
+        if not args.restart:
+            resume_guard.check(args.exp_dir, new, restart=False)
+        return 0
+    outcome = resume_guard.check(args.exp_dir, new, restart=args.restart)
+    if outcome == "resume":
+        log.info("resuming %s: trained with the same settings", args.exp_dir)
+    resume_guard.record(args.exp_dir, new)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     own, parts = split_overrides(sys.argv[1:] if argv is None else argv)
     parser = program_parser(__doc__)
@@ -108,8 +136,23 @@ def main(argv: list[str] | None = None) -> int:
     node.add_argument("--log", type=Path, help="explain: this node's training log")
     node.add_argument("--master", default="", help="explain: master address:port, for the message")
     node.add_argument("--watch", type=float, default=15.0, help="explain: seconds to watch the peers")
+    resume = sub.add_parser("resume",
+                            help="stage 2: refuse to continue checkpoints made under other settings")
+    resume.add_argument("exp_dir", type=Path)
+    resume.add_argument("--config", type=Path, required=True)
+    resume.add_argument("--ds-config", type=Path, help="its content, when training with DeepSpeed")
+    resume.add_argument("--dump-marker", type=Path, required=True, help="stage 1's .done (data, tokenizer)")
+    resume.add_argument("--pretrained-dir", type=Path)
+    resume.add_argument("--train-opts", default="", help="local/train.py's options, shell-quoted")
+    resume.add_argument("--world-size", type=int, required=True,
+                        help="processes in all (the batches depend on it)")
+    resume.add_argument("--node-rank", type=int, default=0)
+    resume.add_argument("--restart", type=str2bool, default=False,
+                        help="move the old run to <exp-dir>/superseded/<time>/ and start over")
     args = parser.parse_args(own)
     setup_logging()
+    if args.command == "resume":
+        return run_main(lambda: _resume(args, parts), log)
     if args.command == "sources":
         return run_main(lambda: _sources(args.action, args.data_dir), log)
     if args.command == "node":
