@@ -125,18 +125,40 @@ def write_am_mvn(path: Path, mean: np.ndarray, std: np.ndarray) -> None:
 
 def read_am_mvn(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """(shift, scale) float32 of an ``am.mvn``, as funasr's ``load_cmvn`` parses it: the features the
-    model saw are ``(lfr + shift) * scale``, in float32 like funasr's frontend."""
-    shift = scale = None
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    for line, following in zip(lines, lines[1:], strict=False):
-        head, values = line.split()[:1], following.split()
-        if head and values[:1] == ["<LearnRateCoef>"]:
-            if head[0] == "<AddShift>":
-                shift = np.array(values[3:-1], dtype=np.float32)
-            elif head[0] == "<Rescale>":
-                scale = np.array(values[3:-1], dtype=np.float32)
-    if shift is None or scale is None or shift.shape != scale.shape:
-        raise BadInputError(f"{path}: not an am.mvn with <AddShift> and <Rescale> of one dimension")
+    model saw are ``(lfr + shift) * scale``, in float32 like funasr's frontend. BadInputError naming the
+    file, the line and what is wrong for a malformed or truncated one (funasr's own reader then fails in
+    numpy, "inhomogeneous shape", naming no file)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise BadInputError(f"{path}: not an am.mvn (not text: {e.reason} at byte {e.start})") from e
+    found: dict[str, np.ndarray] = {}
+    for i, line in enumerate(lines):
+        head = line.split()
+        if head[:1] not in (["<AddShift>"], ["<Rescale>"]):
+            continue
+        name, where = head[0], f"{path}:{i + 2}"
+        values = lines[i + 1].split() if i + 1 < len(lines) else []
+        if values[:1] != ["<LearnRateCoef>"] or values[2:3] != ["["]:
+            raise BadInputError(f"{where}: {name} is not followed by '<LearnRateCoef> 0 [ values ]' "
+                                f"({'the file ends' if i + 1 == len(lines) else 'truncated or malformed'})")
+        if values[-1] != "]":
+            raise BadInputError(f"{where}: {name}'s values do not end with ']' (a truncated file?)")
+        try:
+            found[name] = np.array(values[3:-1], dtype=np.float32)
+        except ValueError as e:
+            raise BadInputError(f"{where}: {name}: a value is not a number ({e})") from e
+        if len(head) > 1 and head[1].isdigit() and int(head[1]) != found[name].shape[0]:
+            raise BadInputError(f"{where}: {name} has {found[name].shape[0]} values, its header {head[1]}")
+        if not np.isfinite(found[name]).all():
+            raise BadInputError(f"{where}: {name} holds non-finite values (nan or inf)")
+    if len(found) < 2:
+        missing = " and ".join(n for n in ("<AddShift>", "<Rescale>") if n not in found)
+        raise BadInputError(f"{path}: not an am.mvn: no {missing} section")
+    shift, scale = found["<AddShift>"], found["<Rescale>"]
+    if shift.shape != scale.shape:
+        raise BadInputError(f"{path}: <AddShift> has {shift.shape[0]} values and <Rescale> {scale.shape[0]}: "
+                            "not one dimension (a truncated or mixed file?)")
     return shift, scale
 
 
