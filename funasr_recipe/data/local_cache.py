@@ -14,7 +14,10 @@ to a temporary name, read back and compared, renamed into place, and then descri
 (source path, size, mtime_ns, crc32). On a rerun a copy is current when its source still has that size
 and mtime and the copy still has that crc32 (read back locally, in parallel): a changed dump/ is copied
 again file by file, a damaged copy is copied again, and a copy that was killed half-way (a temporary
-file, or a copy without its sidecar) is never taken as current.
+file, or a copy without its sidecar) is never taken as current. A stage-1 shard's .ark also carries the
+size and crc32 stage 1 recorded in its marker (features/shard_sums.py): its copy is checked against that
+record too, so a shard damaged in dump/ (or on its way here) stops the fill naming it rather than be
+copied faithfully, and a copy is current only while its sidecar's crc32 is still the record's.
 
 Too little free space for what must be copied (plus ``reserve_bytes`` kept free: /dev/shm is memory the
 DataLoader workers share tensors through) falls back to the shared dump/ with a warning naming both sizes.
@@ -52,6 +55,7 @@ from funasr_recipe.core.files import write_atomic
 from funasr_recipe.core.jsonl import iter_jsonl
 from funasr_recipe.core.log import Progress
 from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.features.shard_sums import ADVICE, recorded_sum
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +113,7 @@ class Entry:
     sidecar: Path
     size: int
     mtime_ns: int
+    recorded: dict | None = None  # stage 1's {"bytes", "crc32"} of a shard's file; None for other files
 
     def key(self) -> dict:
         return {"source": str(self.src), "size": self.size, "mtime_ns": self.mtime_ns}
@@ -165,7 +170,7 @@ def plan_fill(dump_dir: Path, view: Path, sets: Iterable[str]) -> Plan:
                 raise FileNotFoundError(f"{jsonl}:{lineno}: cannot stat {path} ({e.strerror}): rerun "
                                         "stage 1") from None
             plan.entries[real] = Entry(real, view / rel, view / SIDECARS / f"{rel}.json", st.st_size,
-                                       st.st_mtime_ns)
+                                       st.st_mtime_ns, recorded_sum(real))
     return plan
 
 
@@ -176,6 +181,8 @@ def is_current(entry: Entry) -> bool:
     try:
         side = json.loads(entry.sidecar.read_text(encoding="utf-8"))
         if {k: side.get(k) for k in ("source", "size", "mtime_ns")} != entry.key():
+            return False
+        if entry.recorded is not None and side.get("crc32") != entry.recorded.get("crc32"):
             return False
         return entry.dst.stat().st_size == entry.size and crc32_file(entry.dst) == side.get("crc32")
     except (OSError, ValueError):
@@ -200,6 +207,11 @@ def copy_entry(entry: Entry, on_bytes: Callable[[int], None] = lambda n: None) -
         st = entry.src.stat()
         if (st.st_size, st.st_mtime_ns) != (entry.size, entry.mtime_ns):
             raise RuntimeError(f"{entry.src} changed while it was copied (is stage 1 running?): run again")
+        want = entry.recorded
+        if want is not None and (entry.size, digest) != (want.get("bytes"), want.get("crc32")):
+            raise RuntimeError(f"{entry.src}: stage 1 recorded {want.get('bytes')} bytes with crc32 "
+                               f"{want.get('crc32')}, it has {entry.size} with crc32 {digest}; {ADVICE} "
+                               "(python -m local.compute_fbank verify --repair true names them all)")
         if tmp.stat().st_size != entry.size or crc32_file(tmp) != digest:
             raise OSError(errno.EIO, f"the copy of {entry.src} in {tmp} does not read back as written")
         os.replace(tmp, entry.dst)

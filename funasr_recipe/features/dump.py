@@ -7,10 +7,13 @@ gets one job per speed-perturbation factor, other sets only 1.0), shard i on ran
 is ``--shard-size`` jobs, or fewer for a set too small to give every process a shard of that size
 (dist/slicing.py ``shard_size_for``: 500 jobs on 2 processes make 2 shards of 250, not 1 of 500 that
 leaves rank 1 idle); such a set's shards then depend on the number of processes, and a rerun with
-another number recomputes them. A shard whose ``.done`` marker matches the inputs is not recomputed.
-``merge_set`` (node 0) waits for all shards and writes <dump-dir>/<set>/{data.jsonl,feats.scp,
-rejected.tsv,report.json}; ``write_cmvn`` writes the training set's am.mvn (and am.lfr<m>x<n>.mvn, which
-stays valid when another config with other LFR settings rewrites am.mvn).
+another number recomputes them. A shard whose ``.done`` marker matches the inputs, and whose files still
+match the size and crc32 the marker records of them (features/shard_sums.py), is not recomputed: a
+truncated or corrupted shard is computed again, never certified again.
+``merge_set`` (node 0) waits for all shards, checks each against its record (one that fails loses its
+marker and stops the merge) and writes <dump-dir>/<set>/{data.jsonl,feats.scp,rejected.tsv,report.json};
+``write_cmvn`` writes the training set's am.mvn (and am.lfr<m>x<n>.mvn, which stays valid when another
+config with other LFR settings rewrites am.mvn).
 
 Any failure of one utterance (unreadable audio, an exception in resampling or fbank) is that
 utterance's rejection (file, line, key, reason), fatal under --strict. A key written twice (a user key
@@ -42,6 +45,7 @@ from funasr_recipe.dist.markers import fingerprint, is_done, mark_done, marker_i
 from funasr_recipe.dist.slicing import my_shards, num_shards, shard_size_for
 from funasr_recipe.features.audio import AudioError, load_audio
 from funasr_recipe.features.cmvn import CmvnStats, cmvn_name, write_am_mvn
+from funasr_recipe.features.shard_sums import RECORD, check_shards, recheck, record, refuse_merge
 
 if TYPE_CHECKING:  # fbank imports torch (2 s): the merge's readers (features/targets.py, results) need none
     from funasr_recipe.features.fbank import FbankConf, FbankExtractor
@@ -208,7 +212,8 @@ def compute_shard(plan: SetPlan, shard: int, lines: list[tuple[int, dict]], extr
                                   "wav": obj["source"], "feat_dim": conf.n_mels}, ensure_ascii=False) + "\n")
     stats.save(plan.shard_path(shard, "stats.npz"))
     summary = {"accepted": len(accepted), "rejected": dict(reasons), "frames": sum(f for _, _, f in accepted),
-               "audio_s": audio_s, "compute_s": time.perf_counter() - start}
+               "audio_s": audio_s, "compute_s": time.perf_counter() - start,
+               RECORD: record(plan.shard_path(shard, "done"))}
     mark_done(plan.shard_path(shard, "done"), plan.fingerprint, summary)
     return summary
 
@@ -237,6 +242,10 @@ def compute_shards(plans: list[SetPlan], conf: FbankConf, rank: int, world_size:
     for plan in plans:
         mine = my_shards(plan.n_shards, rank, world_size)
         todo = [s for s in mine if not plan.shard_done(s)]
+        # A marker vouches for the bytes it recorded, not for what is on disk now.
+        finished = {plan.shard_path(s, "done"): s for s in mine if s not in todo}
+        failed = recheck(finished, f"{plan.out}: rank {rank}")
+        todo = sorted(todo + [finished[m] for m in failed])
         log.info("%s: rank %d of %d: %d of its %d shards to compute (%d jobs in all, %s)", plan.out,
                  rank, world_size, len(todo), len(mine), plan.n_jobs,
                  "speeds " + "/".join(f"{f:g}" for f in plan.factors))
@@ -276,6 +285,9 @@ def _duplicate_key(scp: Path, hashes: np.ndarray) -> str | None:
 def merge_set(plan: SetPlan, conf: FbankConf, world_size: int, timeout: float) -> tuple[dict, CmvnStats]:
     """Concatenate a set's shards into its data.jsonl/feats.scp/rejected.tsv/report.json."""
     wait_for_shards(plan.shard_done, plan.n_shards, world_size, str(plan.out), timeout)
+    # Once, here: the wait polls markers alone every few seconds. A merged list must not name bad bytes.
+    if bad := check_shards([plan.shard_path(s, "done") for s in range(plan.n_shards)], f"{plan.out}: merge"):
+        raise refuse_merge(str(plan.out), bad)
     stats, reasons = CmvnStats(), Counter()
     totals = Counter()
     parts = {"data.jsonl": "jsonl", "feats.scp": "scp", "rejected.tsv": "rejected.tsv"}
