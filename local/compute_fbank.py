@@ -6,7 +6,12 @@ Reads  <data-dir>/<set>/data.jsonl (stage 0) and the model config's ``frontend_c
 report.json}, <dump-dir>/<train-set>/am.mvn and, for a from-scratch model, the tokenizer in
 --tokenizer-dir; then it takes out of each set the utterances whose target is too long for CTC to
 align to their audio (funasr_recipe/features/targets.py), with that tokenizer or, fine-tuning, the one
-in --pretrained-dir.
+in --pretrained-dir. ``verify`` (before stage 1 trusts a finished dump, and before stage 2 reads it)
+checks every shard the sets' <dump-dir>/<set>/data.jsonl name against the size and crc32 stage 1 recorded
+in its marker (funasr_recipe/features/shard_sums.py): one line per shard that fails, naming the file and
+what was expected and found, then exit 1; with --repair true it also removes those shards' markers, their
+sets' merged lists and <dump-dir>/.done, so that the next stage-1 run recomputes exactly those shards. A
+shard made before checksums were recorded cannot be checked and counts as failing.
 
   python -m local.compute_fbank work --rank 0 --world-size 2 --config conf/tiny_sensevoice.yaml \\
       --sets "dev train" --train-set train
@@ -14,6 +19,7 @@ in --pretrained-dir.
       --sets "dev train" --train-set train --tokenizer-dir dump/tokenizer/tiny_sensevoice
   python -m local.compute_fbank merge --config conf/sensevoice_small.yaml --sets "dev train" \\
       --train-set train --pretrained-dir /models/SenseVoiceSmall
+  python -m local.compute_fbank verify --dump-dir dump --sets "train dev" [--repair true]
 """
 
 from __future__ import annotations
@@ -27,18 +33,45 @@ from omegaconf import DictConfig
 
 from funasr_recipe.compat.lazy_import import install as install_lazy_funasr
 from funasr_recipe.compat.lazy_import import register_config
-from funasr_recipe.core.cli import env_rank, program_parser, run_main, split_overrides, str2bool
+from funasr_recipe.core.cli import StageFailed, env_rank, program_parser, run_main, split_overrides, str2bool
 from funasr_recipe.core.log import setup_logging
+from funasr_recipe.data import textnorm
 from funasr_recipe.features.dump import SetPlan, compute_shards, merge_set, plan_sets, write_cmvn
 from funasr_recipe.features.fbank import FbankConf
-from funasr_recipe.features.targets import ctc_frames, load_tokenizer, reject_impossible_targets
+from funasr_recipe.features.shard_sums import ADVICE, verify_sets
+from funasr_recipe.features.targets import (
+    ctc_frames,
+    load_tokenizer,
+    normalise_targets,
+    reject_impossible_targets,
+    vocab_pieces,
+)
 from funasr_recipe.model import config
 from funasr_recipe.model.pretrained import resolve
 
 log = logging.getLogger(__name__)
 
 
+def verify(args: argparse.Namespace) -> None:
+    """The ``verify`` mode: StageFailed (exit 1) when a shard fails its check."""
+    bad = verify_sets(args.dump_dir, args.sets.split(), args.repair, args.threads)
+    if bad:
+        unverifiable = sum(c.unverifiable for c in bad)
+        found = []
+        if mismatched := len(bad) - unverifiable:
+            found.append(f"{mismatched} shard(s) do not match the checksum stage 1 recorded")
+        if unverifiable:
+            found.append(f"{unverifiable} shard(s) cannot be checked")
+        raise StageFailed(f"{args.dump_dir}: {' and '.join(found)} (listed above); "
+                          + (f"they are repaired: {ADVICE}" if args.repair else
+                             f"{ADVICE} (run.sh's stage 1 repairs them first; by hand: --repair true)"))
+    log.info("%s: every shard of set(s) %s matches its record", args.dump_dir, " ".join(args.sets.split()))
+
+
 def run(args: argparse.Namespace) -> None:
+    if args.mode == "verify":
+        verify(args)
+        return
     cfg = config.load_config(args.config, args.overrides)
     conf = config.fbank_conf(cfg)
     plans = plan_sets(args.data_dir, args.dump_dir, args.sets.split(), args.train_set, args.speed_perturb,
@@ -62,21 +95,50 @@ def run(args: argparse.Namespace) -> None:
         from funasr_recipe.model.tokenizer import build_tokenizer  # sentencepiece is only needed here
 
         built = build_tokenizer(args.data_dir / args.train_set / "data.jsonl", args.tokenizer_dir, **spec,
-                                tokenizer=cfg.get("tokenizer"))
+                                tokenizer=cfg.get("tokenizer"), text_norm=textnorm.from_config(cfg))
         log.info("tokenizer for %s: %s", args.config, built)
     check_targets(args, cfg, conf, plans, built)
 
 
 def check_targets(args: argparse.Namespace, cfg: DictConfig, conf: FbankConf, plans: list[SetPlan],
                   built: Path | None) -> None:
-    """Reject the merged utterances whose target CTC cannot align to their audio, with the tokenizer
-    training will use: the one just built, or the pretrained model's."""
+    """Normalise every merged target (data/textnorm.py: the config's ``transcript_norm``), then, with the
+    tokenizer training will use (the one just built, or the pretrained model's), list the targets it
+    cannot represent (untokenizable.tsv) and reject the utterances whose target CTC cannot align to their
+    audio."""
+    model_cfg = _tokenizer_config(args, cfg, built)
+    tokenizer = None
+    if model_cfg is not None:
+        try:
+            tokenizer = load_tokenizer(model_cfg)
+        except Exception as e:  # the config's own problem, which stage 2 reports; the check only needs it
+            log.warning("target-length check skipped: funasr cannot build the tokenizer %s(%s): %s: %s",
+                        model_cfg.get("tokenizer"), model_cfg.get("tokenizer_conf"), type(e).__name__, e)
+    norm = textnorm.from_config(cfg)
+    if norm.needs_vocab and tokenizer is None:
+        log.warning("transcript_norm: case 'vocab' taken as 'keep': the pretrained tokenizer is not at hand")
+    norm = norm.resolved(None if tokenizer is None else vocab_pieces(tokenizer))
+    for plan in plans:
+        normalise_targets(plan, tokenizer, norm)
+    if tokenizer is None:
+        return
+    ctc = ctc_frames(model_cfg, FbankConf.from_frontend_conf(model_cfg.get("frontend_conf") or {}).lfr_n)
+    if ctc is None:
+        log.info("target-length check skipped: %s computes no CTC loss", model_cfg.get("model"))
+        return
+    for plan in plans:
+        reject_impossible_targets(plan, ctc, tokenizer.encode, conf.frame_shift, args.strict)
+
+
+def _tokenizer_config(args: argparse.Namespace, cfg: DictConfig, built: Path | None) -> dict | None:
+    """The config funasr builds training's tokenizer from (classes registered), or None (logged) where the
+    tokenizer is not at hand."""
     if name := config.pretrained_model(cfg):
         model_dir = args.pretrained_dir or (Path(name) if Path(name).is_dir() else None)
         if model_dir is None:
             log.warning("target-length check skipped: %s fine-tunes %s, whose tokenizer is not at hand; "
                         "give its local copy with --pretrained-dir", args.config, name)
-            return
+            return None
         model_cfg = config.funasr_config(cfg, resolve(name, model_dir))
     elif built is not None:  # what stage 2 gives funasr: our config, with the tokenizer just built
         model_cfg = config.funasr_config(cfg)
@@ -84,34 +146,23 @@ def check_targets(args: argparse.Namespace, cfg: DictConfig, conf: FbankConf, pl
     else:
         log.warning("target-length check skipped: %s neither builds a tokenizer (build_tokenizer) nor "
                     "fine-tunes a pretrained model that brings one", args.config)
-        return
+        return None
     # The recipe's classes, then funasr's that the config names: ctc_frames reads their defaults.
     import funasr_recipe.model.conformer_ctc  # noqa: F401  (registers ConformerCTC)
     import funasr_recipe.model.sensevoice_tokenizer  # noqa: F401  (a from-scratch SenseVoice's tokenizer class)
 
     register_config(model_cfg)
-    ctc = ctc_frames(model_cfg, FbankConf.from_frontend_conf(model_cfg.get("frontend_conf") or {}).lfr_n)
-    if ctc is None:
-        log.info("target-length check skipped: %s computes no CTC loss", model_cfg.get("model"))
-        return
-    try:
-        tokenizer = load_tokenizer(model_cfg)
-    except Exception as e:  # the config's own problem, which stage 2 reports; the check only needs it
-        log.warning("target-length check skipped: funasr cannot build the tokenizer %s(%s): %s: %s",
-                    model_cfg.get("tokenizer"), model_cfg.get("tokenizer_conf"), type(e).__name__, e)
-        return
-    for plan in plans:
-        reject_impossible_targets(plan, ctc, tokenizer.encode, conf.frame_shift, args.strict)
+    return model_cfg
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = program_parser(__doc__)
-    parser.add_argument("mode", choices=("work", "merge"))
-    parser.add_argument("--config", type=Path, required=True, help="model config (conf/*.yaml)")
+    parser.add_argument("mode", choices=("work", "merge", "verify"))
+    parser.add_argument("--config", type=Path, help="model config (conf/*.yaml); work and merge")
     parser.add_argument("--data-dir", type=Path, default=Path("data"))
     parser.add_argument("--dump-dir", type=Path, default=Path("dump"))
     parser.add_argument("--sets", required=True, help="space-separated set names")
-    parser.add_argument("--train-set", required=True, help="the set that is speed-perturbed and gives CMVN")
+    parser.add_argument("--train-set", help="work and merge: the set that is speed-perturbed and gives CMVN")
     parser.add_argument("--speed-perturb", default="1.0",
                         help="factors for the training set, e.g. '0.9 1.0 1.1'")
     parser.add_argument("--shard-size", type=int, default=1000,
@@ -127,8 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pretrained-dir", type=Path,
                         help="merge: local dir of the config's pretrained_model, whose tokenizer the "
                              "target-length check uses")
+    parser.add_argument("--repair", type=str2bool, default=False,
+                        help="verify: remove the failing shards' markers, their sets' merged lists and "
+                             "<dump-dir>/.done, so that stage 1 recomputes them")
+    parser.add_argument("--threads", type=int, default=8, help="verify: shards checked at once")
     own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(own)
+    if args.mode != "verify" and (args.config is None or args.train_set is None):
+        parser.error(f"{args.mode} needs --config and --train-set")
     args.overrides = overrides  # Hydra overrides of the config, as run.sh passes them after --
     setup_logging()
     return run_main(lambda: run(args), log)

@@ -21,6 +21,8 @@ from funasr_recipe.features.audio import AudioInfo, is_pipe
 def manifest_line(key: str, source: str, info: AudioInfo, transcript: str, tags: dict[str, str | None],
                   itn: str | None, speaker: str) -> str:
     """One line of a stage-0 data.jsonl; ``tags`` holds the ``<|name|>`` of language, emotion, event."""
+    # Whitespace only: each run of tabs, NBSPs or other Unicode spaces becomes one space. Case and Unicode
+    # form are the model's choice, made in stage 1 (data/textnorm.py; docs/text_normalisation.md).
     target = " ".join(transcript.split())
     obj = {
         "key": key,

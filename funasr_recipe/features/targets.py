@@ -1,10 +1,18 @@
-"""Targets that CTC cannot align to their audio, rejected in stage 1's merge before training sees them.
+"""Stage 1's checks of the merged targets, with the tokenizer training will use: each target normalised,
+every one the tokenizer cannot represent listed, and those CTC cannot align to their audio rejected.
 
 Reads  <dump-dir>/<set>/{data.jsonl,feats.scp,rejected.tsv,report.json} as ``dump.merge_set`` wrote them,
-       the set's stage-0 <data-dir>/<set>/data.jsonl (to name the line a rejected utterance came from),
+       the set's stage-0 <data-dir>/<set>/data.jsonl (to name the line an utterance came from),
        the model's config (funasr's view of it) and its tokenizer;
-writes the same four files without those utterances: each becomes a ``target_too_long_for_audio`` line
-       of rejected.tsv and is counted in report.json.
+writes (``normalise_targets``) data.jsonl with every ``target`` in the normalised form that training
+       tokenises (the normaliser of data/textnorm.py, which the caller passes in: this layer does not
+       import data/) and <dump-dir>/<set>/untokenizable.tsv: file, line, key, reason, transcript,
+       normalised, decoded, pieces of every stage-0 utterance whose normalised target encodes to
+       <unk> (``unknown_token``) or, through a sentencepiece tokenizer, decodes to other text
+       (``round_trip``); listed, not rejected (a word vocabulary smaller than the corpus is a choice),
+       each utterance once under its stage-0 key (not once per speed copy); the header alone if none;
+writes (``reject_impossible_targets``) the four files without the utterances CTC cannot align: each
+       becomes a ``target_too_long_for_audio`` line of rejected.tsv and is counted in report.json.
 
 CTC aligns U tokens to T output frames only if T >= U + R, R the number of adjacent equal tokens (a
 blank must separate them). Otherwise the loss is infinite, and funasr only warns ``1/58 samples got nan
@@ -29,6 +37,10 @@ from funasr_recipe.features.dump import SetPlan, key_origins
 log = logging.getLogger(__name__)
 
 REASON = "target_too_long_for_audio"
+UNTOKENIZABLE_TSV = "untokenizable.tsv"
+UNTOKENIZABLE_HEADER = "file\tline\tkey\treason\ttranscript\tnormalised\tdecoded\tpieces\n"
+# data/textnorm.py's TextNorm: (transcript, its text_language) -> the text training tokenises.
+Normaliser = Callable[[str, str | None], str]
 
 
 def _sliced(frames: int, cut: int, step: int) -> int:
@@ -130,6 +142,112 @@ def load_tokenizer(model_cfg: Mapping) -> Any:
     if cls is None:
         raise BadInputError(f"tokenizer {name!r} is not one of funasr's {sorted(tables.tokenizer_classes)}")
     return cls(**(model_cfg.get("tokenizer_conf") or {}))
+
+
+def _sentencepiece(tokenizer: Any) -> Any:
+    """The SentencePieceProcessor of a funasr sentencepiece tokenizer (built lazily there), else None."""
+    build = getattr(tokenizer, "_build_sentence_piece_processor", None)
+    if callable(build):
+        build()
+    return getattr(tokenizer, "sp", None)
+
+
+def vocab_pieces(tokenizer: Any) -> list[str] | None:
+    """Every piece of a funasr tokenizer's vocabulary in id order (sentencepiece's, or the token list of
+    a CharTokenizer), or None where it has neither: data/textnorm.py reads its case convention."""
+    sp = _sentencepiece(tokenizer)
+    if sp is not None:
+        return [sp.IdToPiece(i) for i in range(sp.GetPieceSize())]
+    token_list = getattr(tokenizer, "token_list", None)
+    return [str(t) for t in token_list] if token_list else None
+
+
+def _target_len(target: str) -> int:
+    # data/manifest.py's rule (funasr's scp2jsonl): words when there are spaces, else characters.
+    return len(target.split()) if " " in target else len(target)
+
+
+def _tokenisation(tokenizer: Any) -> Callable[[str], tuple[str, str, str] | None]:
+    """text -> None where the tokenizer represents it, else (reason, decoded text, pieces)."""
+    sp = _sentencepiece(tokenizer)
+    unk = sp.unk_id() if sp is not None else getattr(tokenizer, "unk_id", None)
+    token_list = getattr(tokenizer, "token_list", None)
+
+    def pieces(ids: Sequence[int]) -> str:
+        if sp is not None:
+            return " ".join(sp.IdToPiece(int(i)) for i in ids)
+        return " ".join(str(token_list[i]) if token_list else str(i) for i in ids)
+
+    def check(text: str) -> tuple[str, str, str] | None:
+        ids = list(tokenizer.encode(text))
+        decoded = str(tokenizer.decode(ids))
+        if unk is not None and unk in ids:
+            return "unknown_token", decoded, pieces(ids)
+        # Only sentencepiece decodes back to the text with its spaces; a CharTokenizer joins its tokens
+        # without them by design, so there only <unk> says that text was lost.
+        if sp is not None and decoded != text:
+            return "round_trip", decoded, pieces(ids)
+        return None
+
+    return lru_cache(maxsize=1 << 14)(check)  # speed copies share a target
+
+
+def _cell(text: str) -> str:
+    # tabs and line ends inside a cell would shift the columns or split the row
+    return text.replace("\t", " ").replace("\n", " ").replace("\r", " ")
+
+
+def normalise_targets(plan: SetPlan, tokenizer: Any | None, normalise: Normaliser) -> int:
+    """Rewrite every target of a merged set in its normalised form and, given the tokenizer training will
+    use, list in untokenizable.tsv each utterance whose normalised target it cannot represent; returns how
+    many are listed (module docstring: the columns)."""
+    data = plan.out / "data.jsonl"
+    tmp = data.with_name(data.name + ".tmp")
+    check = None if tokenizer is None else _tokenisation(tokenizer)
+    bad: dict[str, tuple[int, str, str, tuple[str, str, str]]] = {}  # dump key -> (line, texts, problem)
+    changed = total = 0
+    with open(data, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as out:
+        for lineno, line in enumerate(src, 1):
+            total = lineno
+            obj = json.loads(line)
+            original = obj["target"]
+            text = normalise(original, obj.get("text_language"))
+            if text != original:
+                obj["target"], obj["target_len"] = text, _target_len(text)
+                line = json.dumps(obj, ensure_ascii=False) + "\n"
+                changed += 1
+            out.write(line)
+            if check is not None and (problem := check(text)) is not None:
+                bad[obj["key"]] = (lineno, original, text, problem)
+    if changed:
+        tmp.replace(data)
+    else:
+        tmp.unlink()
+    described = getattr(normalise, "describe", None)
+    log.info("%s: %d of %d targets normalised (%s)", plan.out, changed, total,
+             described() if callable(described) else normalise)
+    if check is None:
+        log.warning("%s: untokenizable-target check skipped: no tokenizer at hand", plan.out)
+        return 0
+    origins = key_origins(plan, set(bad)) if bad else {}
+    rows: dict[str, tuple[int, str, str]] = {}  # stage-0 key -> (line, reason, row): speed copies once
+    for key, (lineno, original, text, (reason, decoded, pieces)) in bad.items():
+        where, line_no, name = ((str(plan.jsonl), *origins[key][0][:2]) if origins.get(key)
+                                else (str(data), lineno, key))
+        cells = (where, str(line_no), name, reason, original, text, decoded, pieces)
+        rows.setdefault(name, (line_no, reason, "\t".join(_cell(c) for c in cells) + "\n"))
+    listing = plan.out / UNTOKENIZABLE_TSV
+    with open(listing, "w", encoding="utf-8") as f:
+        f.write(UNTOKENIZABLE_HEADER)
+        f.writelines(row for _, _, row in sorted(rows.values()))
+    if rows:
+        unknown = sum(reason == "unknown_token" for _, reason, _ in rows.values())
+        log.warning("%s: %d utterances have a target the tokenizer cannot represent (%d with <unk>, %d that "
+                    "decode to other text): training learns them as it tokenises them; each is listed, "
+                    "with its key, in %s", plan.out, len(rows), unknown, len(rows) - unknown, listing)
+    else:
+        log.info("%s: all %d targets survive tokenisation", plan.out, total)
+    return len(rows)
 
 
 def reject_impossible_targets(plan: SetPlan, ctc: CtcFrames, encode: Callable[[str], Sequence[int]],

@@ -1,8 +1,12 @@
 """Build the sentencepiece tokenizer of a from-scratch model from the training transcripts.
 
-Reads  a funasr JSONL (data/<train>/data.jsonl; only the ``target`` field of each line);
+Reads  a funasr JSONL (data/<train>/data.jsonl; the ``target`` and ``text_language`` of each line);
 writes <out-dir>/<model file>, <out-dir>/tokens.json (every piece, in id order) and
-<out-dir>/tokenizer.json (what was built, from what).
+<out-dir>/tokenizer.json (what was built, from what, with which transcript normalisation).
+
+The tokenizer learns the transcripts as data/textnorm.py normalises them (the config's
+``transcript_norm``; default NFKC and upper case), the same text that stage 1 then writes into each
+utterance's target (features/targets.py), so that ``Four``, ``FOUR`` and ``ＦＯＵＲ`` are one piece.
 
   build_tokenizer(Path("data/train/data.jsonl"), Path("dump/tokenizer/x"), kind="bpe", vocab_size=500)
 
@@ -32,6 +36,7 @@ from sentencepiece import sentencepiece_model_pb2 as sp_pb2
 from funasr_recipe.core.files import write_atomic
 from funasr_recipe.core.jsonl import iter_jsonl
 from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.data.textnorm import FROM_SCRATCH, TextNorm
 from funasr_recipe.model.sensevoice_vocab import (
     FIRST_TAG_ID,
     SENSEVOICE_TAG_IDS,
@@ -56,14 +61,17 @@ def model_file_name(kind: str) -> str:
     return MODEL_FILE[kind]
 
 
-def read_targets(jsonl: Path) -> list[str]:
-    """The ``target`` of every line of a funasr JSONL; ValueError naming file:line on a bad line."""
+def read_targets(jsonl: Path, norm: TextNorm | None = None) -> list[str]:
+    """The ``target`` of every line of a funasr JSONL, normalised by ``norm`` in the line's
+    ``text_language`` (as they are for None); ValueError naming file:line on a bad line."""
     targets = []
     for lineno, obj in iter_jsonl(jsonl):
         where = f"{jsonl}:{lineno}"
         target = obj.get("target")
         if not isinstance(target, str):
             raise BadInputError(f"{where}: no string 'target' field")
+        if norm is not None:
+            target = norm(target, obj.get("text_language"))
         if not target.strip():
             raise BadInputError(f"{where}: empty transcript (key {obj.get('key', '?')}); fix or drop it in "
                                 "stage 0")
@@ -82,8 +90,9 @@ def _train(texts: list[str], model_type: str, vocab_size: int, **ids: int | str 
         # char: every character, whatever vocab_size says, or rare ones would decode as <unk>.
         use_all_vocab=model_type == "char",
         character_coverage=1.0,
-        # No NFKC: the decoded hypothesis must equal the reference text that scoring compares it to;
-        # text normalisation belongs to stage 0, where it is counted and reported.
+        # No sentencepiece NFKC: the texts are already normalised by data/textnorm.py, the one
+        # normaliser, and a second one inside the model would make its decoded text differ from the
+        # target it was trained on (stage 1 lists such targets in untokenizable.tsv).
         normalization_rule_name="identity",
         # Bound memory on large corpora; a sample of 2M sentences is plenty for a vocabulary.
         input_sentence_size=2_000_000, shuffle_input_sentence=True,
@@ -119,16 +128,21 @@ def _add_sensevoice_tags(model: bytes) -> bytes:
 
 def _report_round_trip(sp: spm.SentencePieceProcessor, texts: list[str]) -> None:
     # Counted, not fatal: a word vocabulary smaller than the corpus's words is a legitimate choice.
-    bad = [t for t, ids in zip(texts, sp.encode(texts), strict=True) if sp.decode(ids) != t]
+    # The keys are stage 1's to give: its target check lists each such utterance (features/targets.py).
+    bad = sum(sp.decode(ids) != t for t, ids in zip(texts, sp.encode(texts), strict=True))
     if bad:
-        log.warning("%d of %d transcripts do not survive encode/decode (unknown characters or words, "
-                    "or extra whitespace); first: %r -> %r", len(bad), len(texts), bad[0],
-                    sp.decode(sp.encode(bad[0])))
+        log.warning("%d of %d normalised transcripts do not survive encode/decode (unknown characters or "
+                    "words); stage 1 lists each, with its key, in <dump-dir>/<set>/untokenizable.tsv",
+                    bad, len(texts))
 
 
 def build_tokenizer(jsonl: Path, out_dir: Path, kind: str, vocab_size: int, sp_type: str = "bpe",
-                    tokenizer: str | None = None) -> Path:
+                    tokenizer: str | None = None, text_norm: TextNorm | None = None) -> Path:
     """Train the tokenizer of `kind` on the targets of `jsonl`, write it into `out_dir`, return its path.
+
+    The targets are normalised by `text_norm` (data/textnorm.py ``from_config`` of the model config;
+    default FROM_SCRATCH, NFKC and upper case) first: stage 1 must normalise every utterance's target
+    with the same policy, or training would tokenise text the vocabulary was not learned from.
 
     `sp_type` is the sentencepiece model type under the tags of the ``sensevoice`` kind; the plain
     kinds are their own model type and ignore it. `tokenizer`: the funasr tokenizer class that training
@@ -139,7 +153,8 @@ def build_tokenizer(jsonl: Path, out_dir: Path, kind: str, vocab_size: int, sp_t
     model_path = out_dir / model_file_name(kind)
     if vocab_size < 1:
         raise BadInputError(f"vocab size must be positive, got {vocab_size}")
-    texts = read_targets(jsonl)
+    text_norm = text_norm or FROM_SCRATCH
+    texts = read_targets(jsonl, text_norm)
     if kind == "sensevoice":
         if sp_type not in PLAIN_KINDS:
             raise BadInputError(f"unknown sentencepiece type {sp_type!r}; "
@@ -168,7 +183,7 @@ def build_tokenizer(jsonl: Path, out_dir: Path, kind: str, vocab_size: int, sp_t
     info: dict[str, object] = {
         "kind": kind, "sp_type": sp_type, "vocab_size": len(pieces), "requested_vocab_size": vocab_size,
         "learned_pieces": learned, "model_file": model_path.name, "jsonl": str(jsonl),
-        "num_transcripts": len(texts),
+        "num_transcripts": len(texts), "transcript_norm": text_norm.describe(),
     }
     if kind == "sensevoice":
         info["tag_ids"] = SENSEVOICE_TAG_IDS

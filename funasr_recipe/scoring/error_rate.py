@@ -9,6 +9,9 @@ Normalisation (``normalize``), applied identically to references and hypotheses,
   2. Unicode NFKC: full-width letters, digits and punctuation become half-width (``ＡＢＣ１２３`` ->
      ``ABC123``, ``，`` -> ``,``), ligatures and compatibility ideographs their plain forms.
   3. casefold (``Straße`` -> ``strasse``): lower() misses such cases.
+  Steps 2 and 3 are data/textnorm.py's ``unicode_form`` and ``apply_case``, the primitives of the
+  normaliser that stage 1 applies to training targets (docs/text_normalisation.md): training and
+  scoring fold the same characters together, and scoring then folds case whatever the training policy.
   4. Every punctuation mark (Unicode category P*) and every symbol (category S*: ``~ + = $ ^ ` ©``,
      emoji) becomes a space, except an apostrophe between two letters or digits (``don't``,
      ``it's``, ``rock'n'roll``), which is part of the word. A leading or trailing apostrophe
@@ -48,6 +51,7 @@ from rapidfuzz.distance import Levenshtein
 
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data.tags import TAG
+from funasr_recipe.data.textnorm import FOLD, apply_case, unicode_form
 
 UNITS = ("char", "word", "mixed")
 CHAR_LANGUAGES = frozenset({"zh", "yue", "ja"})
@@ -72,7 +76,7 @@ _MIXED_TOKEN = re.compile(f"[{_CJK_RANGES}]|[^\\s{_CJK_RANGES}]+")
 
 def normalize(text: str) -> str:
     """The normalised form of a reference or hypothesis (module docstring: the steps and why)."""
-    text = unicodedata.normalize("NFKC", TAG.sub(" ", text)).casefold().translate(_APOSTROPHES)
+    text = apply_case(unicode_form(TAG.sub(" ", text), "NFKC"), FOLD).translate(_APOSTROPHES)
     out = []
     last = len(text) - 1
     for i, ch in enumerate(text):
