@@ -30,7 +30,8 @@ _TRAINER = "funasr.train_utils.trainer_ds.Trainer"
 # or MODULE / ABSENT. Each entry names who patches it; tests/unit/compat/test_compat.py checks that every
 # entry is used and every patch is declared.
 SURFACE: dict[str, str] = {
-    # compat/hooks.py, compat/divergence.py, compat/finetune.py, compat/cpu.py (warp_model)
+    # compat/hooks.py, compat/divergence.py, compat/finetune.py, compat/cpu.py (warp_model),
+    # compat/preemption.py (warp_optim_scheduler, update_step, save_checkpoint)
     f"{_TRAINER}.warp_model": "(self, model, **kwargs)",
     f"{_TRAINER}.warp_optim_scheduler": "(self, model, **kwargs)",
     f"{_TRAINER}.train_epoch": "(self, model=None, optim=None, scheduler=None, scaler=None, "

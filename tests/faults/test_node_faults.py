@@ -3,6 +3,7 @@ group killed with SIGKILL in a two-node run (two run.sh processes over 127.0.0.1
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from funasr_recipe.compat.preemption import EXIT_PREEMPTED
 from tests.faults.procs import log_has, processes_with, start_run_sh, wait_for
 from tests.helpers.run_sh import run_sh
 from tests.helpers.train_fixtures import FAST, free_port
@@ -33,24 +35,36 @@ def steps(log: Path) -> list[int]:
     return [int(s) for s in re.findall(r"train, rank: 0, .*?total step: (\d+)", log.read_text())]
 
 
-@pytest.mark.fault("SIGTERM to run.sh (only its own pid) while it trains, then a rerun")
-def test_sigterm_to_run_sh_stops_its_ranks_and_a_rerun_resumes(prepared: Path, lost) -> None:
+@pytest.mark.fault("SIGTERM to run.sh (only its own pid) in the middle of an epoch, then a rerun")
+def test_sigterm_mid_epoch_saves_the_step_and_a_rerun_continues_there(prepared: Path, lost) -> None:
     exp = prepared / "exp_sigterm"
     port = free_port()
     args = stage2(prepared, "exp_sigterm", port, "--", *EPOCHS)
     run = start_run_sh(*args, stderr=prepared / "sigterm.err")
-    wait_for(lambda: epoch_1_started(exp), "epoch 1 to start", run, timeout=600)
+    # A few steps into epoch 1: its checkpoint alone would lose them.
+    wait_for(lambda: epoch_1_started(exp) and len(steps(exp / "train.log")) >= 14, "epoch 1's steps", run,
+             timeout=600)
+    signalled = time.monotonic()
     os.kill(run.pid, signal.SIGTERM)
-    assert run.wait(timeout=120) == 128 + signal.SIGTERM
-    assert "stopped by SIGTERM" in (prepared / "sigterm.err").read_text()
+    assert run.wait(timeout=120) == EXIT_PREEMPTED, (prepared / "sigterm.err").read_text()[-3000:]
+    took = time.monotonic() - signalled
+    err = (prepared / "sigterm.err").read_text()
+    saved = json.loads((exp / "preempted.json").read_text())
+    assert f"checkpoint {saved['checkpoint']} saved" in err
+    assert saved["epoch"] == 1 and saved["step_in_epoch"] > 0
+    assert (exp / saved["checkpoint"]).exists() and not (exp / ".train.done").exists()
     wait_for(lambda: not processes_with("local.train", str(exp)), "the ranks to stop", timeout=30)
-    assert not (exp / ".train.done").exists()
     before = steps(exp / "train.log")
     res = run_sh(*args, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "Checkpoint loaded successfully" in res.stderr
-    lost(f"the steps since epoch 1's checkpoint: the run had reached step {max(before)}, resumed from the "
-         "end of epoch 1 and finished")
+    after = steps(exp / "train.log")[len(before):]
+    # funasr logs the total step of each update: the rerun's first is the one after the checkpoint's.
+    assert after[0] == saved["total_step"] + 1, (saved, before[-3:], after[:3])
+    assert max(before) - saved["total_step"] <= 1, (saved, before[-3:])
+    assert not (exp / saved["checkpoint"]).exists()  # superseded by epoch 1's own checkpoint
+    lost(f"{max(before) - saved['total_step']} step(s): the checkpoint of step {saved['total_step']} was "
+         f"saved {saved['seconds_to_save']:.1f} s after the signal, run.sh exited {EXIT_PREEMPTED} "
+         f"{took:.1f} s after it, and the rerun continued with the next batch of epoch 1")
 
 
 @pytest.mark.fault("kill -9 of node 1's whole process group in a 2-node training, then a rerun")
