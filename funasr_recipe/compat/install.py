@@ -52,8 +52,7 @@ def install(hook_options: HookOptions, tuning: FinetuneOptions, fused: bool = Tr
     hooks.install(hook_options)  # the divergence guard last within it: its wrappers run outside the others
     finetune.install(tuning)  # after hooks.install: its warp_model hook runs first
     checkpoint_io.install()
-    # Last: its update wrapper runs outermost, after the divergence guard has decided about the step, and
-    # its SIGTERM handler is set before funasr forks the DataLoader workers (they inherit it).
+    # Last: its update wrapper runs outermost, after the divergence guard has decided about the step.
     preemption.install()
 
 

@@ -4,9 +4,8 @@ Slurm (preemption, time limit, scancel), Kubernetes and torchrun's own shutdown 
 SIGKILL after a grace period (torchrun: 30 s to its workers). funasr saves at epoch ends (and every
 ``save_checkpoint_interval`` steps, 5000 by default), so a SIGTERM lost up to an epoch. Here:
 
-- each rank's SIGTERM handler only notes the signal. It is installed before funasr forks its DataLoader
-  workers, which inherit it: torchrun signals a rank's whole process group, and a worker that died of it
-  would make the rank's next fetch raise before anything was saved;
+- each rank's SIGTERM handler only notes the signal, and stops the DataLoader from raising over its
+  workers, which torchrun's signal to the rank's process group kills (no batch is fetched after it);
 - after every update, the ranks agree in one all-reduce (MAX of [a signal was seen, rank 0's clock says
   a timed checkpoint is due]): a signal reaches the ranks at different steps, and DeepSpeed's save is
   collective, so every rank must save at the same step;
@@ -59,6 +58,11 @@ _state: _State | None = None
 def _note_signal(signum: int, frame: object) -> None:
     if _state is not None and _state.signal_at is None:
         _state.signal_at = time.monotonic()  # no logging in a handler: it may interrupt a log call
+    # torchrun signals the rank's whole process group, and torch's DataLoader workers die of it (their C
+    # handler re-raises SIGTERM); the loader's SIGCHLD handler would then raise in the middle of this step.
+    # The step in progress needs no more batches and the checkpoint none: let the workers go quietly.
+    # (CPython looks a tripped signal's handler up when it runs it: a SIGCHLD pending now is dropped too.)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def _agree(trainer: object, signalled: bool, due: bool) -> tuple[bool, bool]:

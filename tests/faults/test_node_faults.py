@@ -42,7 +42,7 @@ def test_sigterm_mid_epoch_saves_the_step_and_a_rerun_continues_there(prepared: 
     args = stage2(prepared, "exp_sigterm", port, "--", *EPOCHS)
     run = start_run_sh(*args, stderr=prepared / "sigterm.err")
     # A few steps into epoch 1: its checkpoint alone would lose them.
-    wait_for(lambda: epoch_1_started(exp) and len(steps(exp / "train.log")) >= 14, "epoch 1's steps", run,
+    wait_for(lambda: epoch_1_started(exp) and len(steps(exp / "train.log")) >= 7, "epoch 1's steps", run,
              timeout=600)
     signalled = time.monotonic()
     os.kill(run.pid, signal.SIGTERM)
@@ -51,20 +51,23 @@ def test_sigterm_mid_epoch_saves_the_step_and_a_rerun_continues_there(prepared: 
     err = (prepared / "sigterm.err").read_text()
     saved = json.loads((exp / "preempted.json").read_text())
     assert f"checkpoint {saved['checkpoint']} saved" in err
-    assert saved["epoch"] == 1 and saved["step_in_epoch"] > 0
+    assert saved["epoch"] >= 1 and saved["step_in_epoch"] > 0
     assert (exp / saved["checkpoint"]).exists() and not (exp / ".train.done").exists()
     wait_for(lambda: not processes_with("local.train", str(exp)), "the ranks to stop", timeout=30)
     before = steps(exp / "train.log")
     res = run_sh(*args, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     after = steps(exp / "train.log")[len(before):]
-    # funasr logs the total step of each update: the rerun's first is the one after the checkpoint's.
-    assert after[0] == saved["total_step"] + 1, (saved, before[-3:], after[:3])
+    # funasr logs the total step of every 2nd update (log_interval 2, counted from the resumed batch): the
+    # rerun starts with the update after the checkpoint's, repeating none.
+    assert saved["total_step"] < after[0] <= saved["total_step"] + 2, (saved, before[-3:], after[:3])
+    assert f"epoch {saved['epoch']} resumes after {saved['step_in_epoch']} batches" in res.stderr
     assert max(before) - saved["total_step"] <= 1, (saved, before[-3:])
-    assert not (exp / saved["checkpoint"]).exists()  # superseded by epoch 1's own checkpoint
-    lost(f"{max(before) - saved['total_step']} step(s): the checkpoint of step {saved['total_step']} was "
-         f"saved {saved['seconds_to_save']:.1f} s after the signal, run.sh exited {EXIT_PREEMPTED} "
-         f"{took:.1f} s after it, and the rerun continued with the next batch of epoch 1")
+    assert not (exp / saved["checkpoint"]).exists()  # superseded by the epoch's own checkpoint
+    unsaved = max(0, max(before) - saved["total_step"])
+    lost(f"{unsaved} steps: the checkpoint of step {saved['total_step']} was saved "
+         f"{saved['seconds_to_save']:.1f} s after the signal, run.sh exited {EXIT_PREEMPTED} "
+         f"{took:.1f} s after it, and the rerun continued with the next batch of epoch {saved['epoch']}")
 
 
 @pytest.mark.fault("kill -9 of node 1's whole process group in a 2-node training, then a rerun")
