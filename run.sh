@@ -73,6 +73,7 @@ metrics_port=0          # Prometheus endpoint on local rank 0 of each node while
 grad_checkpoint=false   # true: recompute the encoder's activations in backward (less memory, slower steps)
 oom_probe=true          # true: run the largest batches of epoch 0 once before training, to fail fast on OOM
 memory_limit_gib=       # memory per process the OOM probe allows (empty: the GPU's; on CPU host RAM / processes)
+restart=false           # true: stage 2 starts over, moving the old run to <exp>/superseded/<time>/ (else a run under other settings is refused)
 max_bad_steps=10        # bad steps in a row (non-finite or exploding loss or gradient; each is skipped) that stop training (0: never)
 serve_host=127.0.0.1    # address the HTTP service listens on (stage 6; 0.0.0.0: every interface)
 serve_port=8000         # port of the HTTP service (stage 6)
@@ -90,7 +91,9 @@ replay_args=()
 while [ $# -gt 0 ]; do
   case $1 in
     -h|--help) echo "${help_message}"; exit 0 ;;
-    --) shift; hydra_overrides=("$@"); break ;;
+    --) shift; hydra_overrides=("$@")
+      for o in "$@"; do [[ ${o} != --* ]] || usage_error "${o} comes after --: run.sh options go before --, trainer overrides after"; done
+      break ;;
     --*=*) name=${1%%=*}; value=${1#*=}; shift ;;
     --*) name=$1; [ $# -ge 2 ] || usage_error "option $1 needs a value"; value=$2; shift 2 ;;
     *) usage_error "unexpected argument '$1' (options are --name value; trainer overrides go after --)" ;;
@@ -100,30 +103,14 @@ while [ $# -gt 0 ]; do
   # --decode-dir, --replay-dir, --regression-dir may be repeated: the dirs accumulate, newline-separated.
   if [[ ${var} =~ ^(decode|replay|regression)_dir$ ]] && [ -n "${!var}" ]; then value=${!var}$'\n'${value}; fi
   printf -v "${var}" '%s' "${value}"
-  case ${var} in stage|stop_stage|node_rank) ;; *) replay_args+=("--${var//_/-}" "${value##*$'\n'}") ;; esac
+  case ${var} in stage|stop_stage|node_rank|restart) ;; *) replay_args+=("--${var//_/-}" "${value##*$'\n'}") ;; esac
 done
 
 # A relative --corpus-dir means relative to where run.sh was started; everything else is relative to
 # the recipe root, where run.sh runs (Kaldi's convention, also for relative paths inside wav.scp).
 [ -n "${corpus_dir}" ] && [[ ${corpus_dir} != /* ]] && corpus_dir=$(cd "${start_dir}" && realpath -m "${corpus_dir}")
 
-for n in stage stop_stage; do [[ ${!n} =~ ^-?[0-9]+$ ]] || usage_error "--${n//_/-} must be an integer, got '${!n}'"; done
-for n in nj nnodes node_rank master_port metrics_port max_bad_steps serve_port; do
-  [[ ${!n} =~ ^[0-9]+$ ]] || usage_error "--${n//_/-} must be a non-negative integer, got '${!n}'"; done
-[[ ${serve_precision} =~ ^(fp32|int8)$ ]] || usage_error "--serve-precision must be fp32 or int8, got '${serve_precision}'"
-[[ ${comm_profile} =~ ^(default|ethernet|infiniband|debug)$ ]] \
-  || usage_error "--comm-profile must be default, ethernet, infiniband or debug, got '${comm_profile}'"
-[[ -z ${memory_limit_gib} || ${memory_limit_gib} =~ ^[0-9]+([.][0-9]+)?$ ]] \
-  || usage_error "--memory-limit-gib must be a number of GiB, got '${memory_limit_gib}'"
-[ "${node_rank}" -lt "${nnodes}" ] || usage_error "--node-rank ${node_rank} is not below --nnodes ${nnodes}"
-have_recipes=$(cd recipes && for d in */prepare.py; do printf '%s ' "${d%/prepare.py}"; done)
-[ -d "recipes/${corpus}" ] || usage_error "--corpus ${corpus}: no recipes/${corpus}/ (have: ${have_recipes})"
-for n in replay_ratio max_regression; do [[ ${!n} =~ ^[0-9]+([.][0-9]+)?$ ]] || usage_error "--${n//_/-} must be a number >= 0, got '${!n}'"; done
-[[ ${pseudo_min_logprob} =~ ^-?[0-9]+([.][0-9]+)?$ ]] || usage_error "--pseudo-min-logprob must be a number, got '${pseudo_min_logprob}'"
-[[ ${adapter} =~ ^(none|lora)$ ]] || usage_error "--adapter must be none or lora, got '${adapter}'"; [[ ${lora_rank} =~ ^[1-9][0-9]*$ ]] \
-  || usage_error "--lora-rank must be a positive integer, got '${lora_rank}'"
-for b in strict allow_pipes preflight grad_checkpoint oom_probe regression_fatal; do [[ ${!b} =~ ^(true|false)$ ]] || usage_error "--${b//_/-} must be true or false, got '${!b}'"; done
-
+check_options  # local/run_lib.sh: every option's value, before anything runs
 if [ -z "${master_addr}" ] && [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null; then
   master_addr=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n1)
 fi
@@ -135,9 +122,11 @@ exp_dir=${exp_dir:-exp/${tag}}
 mkdir -p "${exp_dir}/log"
 
 . ./path.sh
+# Before any stage: the overrides (unknown keys, types), the DeepSpeed JSON, the am.mvn files; all problems, exit 2
+check_config "${config}" "${pretrained_dir}" "$([ "${train_engine}" = deepspeed ] && echo "${ds_config}")" \
+  "$([ "${stage}" -ge 2 ] && echo "${dump_dir}")" "${data_dir}" "${hydra_overrides[@]}"
 
-# NOTE: torch's count honours CUDA_VISIBLE_DEVICES; checking for nvidia-smi first spares CPU hosts
-# the torch import.
+# NOTE: torch's count honours CUDA_VISIBLE_DEVICES; checking for nvidia-smi first spares CPU hosts the torch import.
 ngpu=0
 command -v nvidia-smi >/dev/null && ngpu=$(python -c 'import torch; print(torch.cuda.device_count())' || echo 0)
 device=cpu; [ "${ngpu}" -gt 0 ] && device=cuda
@@ -174,8 +163,7 @@ run_preflight() {  # every node: do they agree with node 0, is exp/ shared, band
   preflight_ran=true
 }
 
-# Stage 0's validation options, for the corpus's sets and the --*-dir options' alike (--nj first: the
-# fingerprints leave it out, it changes how fast, not what).
+# Stage 0's validation options, for the corpus's sets and the --*-dir options' alike (--nj first: not fingerprinted).
 check_opts=(--nj "${nj}" --strict "${strict}" --allow-pipes "${allow_pipes}" --max-duration "${max_duration}")
 import_dirs() { import_kaldi_dirs "$@" "${data_dir}" "${start_dir}" "${node_rank}" "${wait_timeout}" "${check_opts[@]}"; }
 
@@ -232,7 +220,7 @@ if [ "${stage}" -le 1 ] && [ "${stop_stage}" -ge 1 ]; then
     --strict "${strict}")
   stage1_fp=$(fingerprint --markers "${data_dir}/.done" --contents "${config}" "${data_dir}/.sources.tsv" \
     -- "${fbank_opts[@]}" "${pretrained_dir}" "${hydra_overrides[@]}")
-  if is_done "${dump_dir}/.done" "${stage1_fp}"; then
+  if is_done "${dump_dir}/.done" "${stage1_fp}" && dump_is_sound "${node_rank}" "${fbank_opts[@]}"; then
     log "${dump_dir} is done; skipping (remove ${dump_dir}/.done to redo; finished shards are kept)"
   else
     # Every process of every node computes its own slice of the shards; then node 0 merges.
@@ -274,6 +262,9 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
   if is_done "${exp_dir}/.train.done" "${stage2_fp}"; then
     log "${exp_dir} is trained; skipping (remove ${exp_dir}/.train.done to train again)"
   else
+    check_resume "${exp_dir}" "${node_rank}" "${restart}" "$((nnodes * nproc_per_node))" "${config}" \
+      "$([ "${train_engine}" = deepspeed ] && echo "${ds_config}")" "${dump_dir}/.done" "${pretrained}" \
+      "$(printf '%q ' "${train_opts[@]}")" "${hydra_overrides[@]}"
     train_log=${exp_dir}/train.log; [ "${node_rank}" -eq 0 ] || train_log=${exp_dir}/train.node${node_rank}.log
     apply_comm_profile "${comm_profile}" "${socket_ifname}"
     # Before torchrun, which alone would only time out without naming the missing node: all nodes started
@@ -293,6 +284,8 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
     hook_opts=(--metrics-port "${metrics_port}" --grad-checkpoint "${grad_checkpoint}" --oom-probe "${oom_probe}"
       --max-bad-steps "${max_bad_steps}")
     [ -n "${memory_limit_gib}" ] && hook_opts+=(--memory-limit-gib "${memory_limit_gib}")
+    # Training reads only shards that still match the checksums stage 1 recorded (--local-cache's copies too).
+    [ "${feats_type}" = raw ] || verify_shards "${dump_dir}" "$(corpus_field train_set) $(corpus_field valid_set) ${replay_sets}"
     [ -z "${local_cache}" ] || hook_opts+=(--dump-dir "$(python -m local.local_cache --cache-dir "${local_cache}" --dump-dir \
       "${dump_dir}" --feats-type "${feats_type}" --sets "$(corpus_field train_set) $(corpus_field valid_set) ${replay_sets}")")
     nodes=${exp_dir}/.nodes
@@ -300,7 +293,8 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
         torchrun --nnodes "${nnodes}" --node-rank "${node_rank}" --master-addr "${master_addr}" \
         --master-port "${master_port}" --nproc-per-node "${nproc_per_node}" \
         -m local.train "${train_opts[@]}" "${hook_opts[@]}" -- "${hydra_overrides[@]}"; then
-      log "ERROR: training failed on node ${node_rank}; see ${train_log}."
+      no_space_left "${exp_dir}" "${dump_dir}" "${local_cache:-${exp_dir}}" \
+        || log "ERROR: training failed on node ${node_rank}; see ${train_log}."
       python -m local.marker node explain "${nodes}" "${stage2_fp}" --node-rank "${node_rank}" --nnodes "${nnodes}" \
         --log "${train_log}" --master "${master_addr}:${master_port}" || true
       exit 1
@@ -319,13 +313,15 @@ fi
 if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
   stage_begins 3 "averaging, decoding, scoring: ${exp_dir}/ -> ${exp_dir}/{final/,decode_<set>/,RESULTS.md}" \
     "${exp_dir}/.train.done"
-  stage3_fp=$(fingerprint --markers "${exp_dir}/.train.done" --)
+  # Its own options are in its fingerprint: ++train_conf.avg_nbest_model=1 at --stage 3 re-averages.
+  average_opts=(--loss-margin 1.0 --check-average true); mapfile -t avg_overrides < <(average_overrides "${hydra_overrides[@]}")
+  stage3_fp=$(fingerprint --markers "${exp_dir}/.train.done" -- "${average_opts[@]}" "${avg_overrides[@]}")
   if [ "${node_rank}" -ne 0 ]; then
     wait_for_node0 "${exp_dir}/final/.done" "${stage3_fp}" "averaging" "${wait_timeout}"
   elif is_done "${exp_dir}/final/.done" "${stage3_fp}"; then
     log "${exp_dir}/final is averaged; skipping"
   else
-    start_average "${exp_dir}" "${stage3_fp}"  # in the background: the first decode's workers import meanwhile
+    start_average "${exp_dir}" "${stage3_fp}" "${device}" "${average_opts[@]}" -- "${hydra_overrides[@]}"  # in the background
   fi
   # The recipe's test sets, then every --decode-dir and --regression-dir, validated like a stage-0 set.
   import_dirs --decode-dir extra "${decode_dir}"
@@ -367,23 +363,27 @@ fi
 if [ "${stage}" -le 4 ] && [ "${stop_stage}" -ge 4 ]; then
   stage_begins 4 "ONNX export fp32/int8 and parity: ${exp_dir}/final/ -> ${exp_dir}/export/; log in ${exp_dir}/log/export.log" \
     "${exp_dir}/final/.done"
-  if [ "${node_rank}" -eq 0 ]; then
+  valid_jsonl=${data_dir}/$(corpus_field valid_set)/data.jsonl
+  stage4_fp=$(fingerprint --markers "${exp_dir}/final/.done" --contents "${valid_jsonl}" -- "${ncpu}")
+  if [ "${node_rank}" -eq 0 ] && ! skip_done "${exp_dir}/export/.stage.done" "${stage4_fp}" "${exp_dir}/export/.done"; then
     # Parity is checked on the validation set: the stage fails (exit 1) when ONNX and PyTorch disagree.
     python -m local.export --model-dir "${exp_dir}/final" --out "${exp_dir}/export" --threads "${ncpu}" \
-      --data-jsonl "${data_dir}/$(corpus_field valid_set)/data.jsonl" 2>&1 | tee "${exp_dir}/log/export.log" >&2
+      --data-jsonl "${valid_jsonl}" 2>&1 | tee "${exp_dir}/log/export.log" >&2
+    mark_done "${exp_dir}/export/.stage.done" "${stage4_fp}"
   fi
 fi
 
 if [ "${stage}" -le 5 ] && [ "${stop_stage}" -ge 5 ]; then
   stage_begins 5 "package and benchmark: ${exp_dir}/export/ -> ${exp_dir}/{package/,package.tar.gz,benchmark.md}; logs in ${exp_dir}/log/" \
     "${exp_dir}/export/.done"
-  if [ "${node_rank}" -eq 0 ]; then
+  bench_jsonl=${data_dir}/$(corpus_field test_sets | cut -d' ' -f1)/data.jsonl
+  stage5_fp=$(fingerprint --markers "${exp_dir}/export/.done" --contents "${bench_jsonl}" "${exp_dir}/RESULTS.md" -- "${ncpu}")
+  if [ "${node_rank}" -eq 0 ] && ! skip_done "${exp_dir}/package/.stage.done" "${stage5_fp}" "${exp_dir}/package.tar.gz"; then
     # The benchmark first: the model card embeds its table.
-    bench_set=$(corpus_field test_sets | cut -d' ' -f1)
-    python -m local.bench_runtime --exp-dir "${exp_dir}" --data-jsonl "${data_dir}/${bench_set}/data.jsonl" \
+    python -m local.bench_runtime --exp-dir "${exp_dir}" --data-jsonl "${bench_jsonl}" \
       --threads "${ncpu}" 2>&1 | tee "${exp_dir}/log/benchmark.log" >&2
-    python -m local.package --exp-dir "${exp_dir}" --data-jsonl "${data_dir}/${bench_set}/data.jsonl" \
-      2>&1 | tee "${exp_dir}/log/package.log" >&2
+    python -m local.package --exp-dir "${exp_dir}" --data-jsonl "${bench_jsonl}" 2>&1 | tee "${exp_dir}/log/package.log" >&2
+    mark_done "${exp_dir}/package/.stage.done" "${stage5_fp}"
   fi
 fi
 

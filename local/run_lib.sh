@@ -1,6 +1,6 @@
 # Helpers of run.sh's option parsing and stage bodies, sourced by run.sh before it parses its options:
-# only function definitions. Every input is an argument; the one thing they take from run.sh is its log()
-# (which stamps the node).
+# only function definitions. Every input is an argument; what they take from run.sh is its log() (which
+# stamps the node), its usage_error(), and check_options() reads the option variables themselves.
 # shellcheck shell=bash
 
 # --- options: run.sh's "# ---- options" block, every option a commented variable (ESPnet's convention)
@@ -129,6 +129,76 @@ trap_signals() {  # [command]: on INT/TERM/HUP run the command, stop run.sh's ot
       log 'ERROR: stopped by SIG${sig}; a rerun continues from the last finished work'; exit $((128 + $(kill -l "${sig}")))" "${sig}"
   done
 }
+# shellcheck disable=SC2154  # the option variables are run.sh's
+check_options() {  # run.sh's option values (its globals): usage_error on the first that is malformed
+  local n b have_recipes
+  for n in stage stop_stage; do [[ ${!n} =~ ^-?[0-9]+$ ]] || usage_error "--${n//_/-} must be an integer, got '${!n}'"; done
+  [ "${stop_stage}" -ge "${stage}" ] || usage_error "--stop-stage ${stop_stage} is below --stage ${stage}: no stage would run"
+  [[ ${nj} =~ ^[1-9][0-9]*$ ]] || usage_error "--nj must be a positive integer, got '${nj}'"
+  for n in nnodes node_rank master_port metrics_port max_bad_steps serve_port; do
+    [[ ${!n} =~ ^[0-9]+$ ]] || usage_error "--${n//_/-} must be a non-negative integer, got '${!n}'"; done
+  [[ ${serve_precision} =~ ^(fp32|int8)$ ]] || usage_error "--serve-precision must be fp32 or int8, got '${serve_precision}'"
+  [[ ${comm_profile} =~ ^(default|ethernet|infiniband|debug)$ ]] \
+    || usage_error "--comm-profile must be default, ethernet, infiniband or debug, got '${comm_profile}'"
+  [[ -z ${memory_limit_gib} || ${memory_limit_gib} =~ ^[0-9]+([.][0-9]+)?$ ]] \
+    || usage_error "--memory-limit-gib must be a number of GiB, got '${memory_limit_gib}'"
+  [ "${node_rank}" -lt "${nnodes}" ] || usage_error "--node-rank ${node_rank} is not below --nnodes ${nnodes}"
+  have_recipes=$(cd recipes && for d in */prepare.py; do printf '%s ' "${d%/prepare.py}"; done)
+  [ -d "recipes/${corpus}" ] || usage_error "--corpus ${corpus}: no recipes/${corpus}/ (have: ${have_recipes})"
+  for n in replay_ratio max_regression; do [[ ${!n} =~ ^[0-9]+([.][0-9]+)?$ ]] || usage_error "--${n//_/-} must be a number >= 0, got '${!n}'"; done
+  [[ ${pseudo_min_logprob} =~ ^-?[0-9]+([.][0-9]+)?$ ]] || usage_error "--pseudo-min-logprob must be a number, got '${pseudo_min_logprob}'"
+  [[ ${adapter} =~ ^(none|lora)$ ]] || usage_error "--adapter must be none or lora, got '${adapter}'"; [[ ${lora_rank} =~ ^[1-9][0-9]*$ ]] \
+    || usage_error "--lora-rank must be a positive integer, got '${lora_rank}'"
+  for b in strict allow_pipes preflight grad_checkpoint oom_probe regression_fatal restart; do [[ ${!b} =~ ^(true|false)$ ]] || usage_error "--${b//_/-} must be true or false, got '${!b}'"; done
+}
+check_config() {  # config pretrained_dir ds_config dump_dir data_dir override...: local/check_config.py on the
+  # overrides, the DeepSpeed JSON (if given) and the am.mvn files training reads: the model dir's, and stage 1's
+  # when dump_dir is given (a run that redoes stage 1 rewrites it), or exit 2
+  local opts=(--config "$1") files=() f train_set
+  [ -z "$2" ] || { opts+=(--pretrained-dir "$2"); files+=("$2/am.mvn"); }
+  [ -z "$3" ] || opts+=(--ds-config "$3")
+  if [ -n "$4" ] && train_set=$(python -m local.corpus_info --data-dir "$5" train_set 2>/dev/null); then
+    files+=("$4/${train_set}"/am.lfr*.mvn)
+  fi
+  for f in "${files[@]}"; do if [ -f "${f}" ]; then opts+=(--cmvn "${f}"); fi; done
+  python -m local.check_config "${opts[@]}" -- "${@:6}" || exit 2
+}
+dump_is_sound() {  # node_rank fbank_opt...: true if every shard still matches the size and crc32 stage 1 recorded.
+  # Node 0 repairs (removes the failing shards' markers, their sets' merged lists and dump/.done) so that the
+  # stage recomputes exactly those; the other nodes only look. Exit 1 is that verdict, any other status stops.
+  local rc=0 repair=false
+  [ "$1" -ne 0 ] || repair=true
+  python -m local.compute_fbank verify "${@:2}" --repair "${repair}" || rc=$?
+  [ "${rc}" -le 1 ] || exit "${rc}"
+  return "${rc}"
+}
+verify_shards() {  # dump_dir sets: every shard of the sets matches what stage 1 recorded, or exit 1 naming them
+  python -m local.compute_fbank verify --dump-dir "$1" --sets "$2" || exit 1
+}
+skip_done() {  # marker fingerprint output: true (and says so) if the marker holds the fingerprint and output exists.
+  # Checked before a stage's program starts: its imports alone take seconds, for a rerun that changes nothing.
+  is_done "$1" "$2" && [ -e "$3" ] || return 1
+  log "$3 is done for these inputs; skipping (remove $1 to redo)"
+}
+check_resume() {  # exp_dir node_rank restart world config ds_config dump_marker pretrained train_opts override...:
+  # stage 2 may train in exp_dir (fresh, the same settings, or --restart true); checkpoints there from other
+  # settings are not continued: exit 2 naming each difference
+  python -m local.marker resume "$1" --node-rank "$2" --restart "$3" --world-size "$4" --config "$5" \
+    ${6:+--ds-config "$6"} --dump-marker "$7" ${8:+--pretrained-dir "$8"} --train-opts "$9" -- "${@:10}" || exit $?
+}
+no_space_left() {  # dir...: true (and says so) if the file system of one of them is full: a full disk also
+  # stops tee, so the log the error message points to may hold nothing of the error
+  local d avail full=1
+  for d in "$@"; do
+    [ -e "${d}" ] || continue
+    avail=$(df -Pk "${d}" | awk 'NR == 2 {print $4}')
+    [ "${avail:-1024}" -lt 1024 ] || continue
+    log "ERROR: no space left on $(df -P "${d}" | awk 'NR == 2 {print $6}') (${d}: ${avail} KiB free); its logs may stop" \
+      "short of the error. Free space there, then rerun: finished work is kept"
+    full=0
+  done
+  return "${full}"
+}
 run_node_procs() {  # n node_rank log_prefix command...: n processes of this node, RANK = node_rank * n + i
   start_node_procs "$@"
   wait_node_procs "$3"
@@ -156,22 +226,32 @@ wait_node_procs() {  # log_prefix: wait for start_node_procs' processes; 1 (thei
 }
 train_on_node() {  # log nodes_dir fingerprint node_rank command...: the command (torchrun) teed to log, with
   # this node's heartbeat beside it and its outcome written after; returns the command's status.
-  local log=$1 nodes=$2 fp=$3 node=$4 pid hb rc=0 ok=false
+  local log=$1 nodes=$2 fp=$3 node=$4 pid hb rc=0 ok=false preempted
   shift 4
   python -m local.marker node heartbeat "${nodes}" "${fp}" --node-rank "${node}" --parent $$ &
   hb=$!
   # NOTE: in the background, not the foreground: bash runs a trap only after a foreground command ends,
   # and torchrun's workers live in their own sessions, so a signal to run.sh's process group misses them.
   # On TERM torchrun stops its workers; local/train.py makes them die with torchrun on a kill -9.
+  preempted=$(dirname "${nodes}")/preempted.json  # written by the ranks (compat/preemption.py) on SIGTERM
+  rm -f "${preempted}"
   "$@" > >(tee -a "${log}" >&2) 2>&1 &
   pid=$!
-  trap_signals "log 'stopping training on this node'; kill -TERM ${pid} 2>/dev/null; wait ${pid} || true; kill ${hb} 2>/dev/null || true"
+  # shellcheck disable=SC2064  # expanded now: the variables are local
+  trap_signals "log 'stopping training on this node: the ranks save a checkpoint first'; kill -TERM ${pid} 2>/dev/null
+    wait ${pid} || true; kill ${hb} 2>/dev/null || true; preempted_exit $(printf %q "${preempted}")"
   wait "${pid}" || rc=$?
   trap_signals
   kill "${hb}" 2>/dev/null || true
   [ "${rc}" -eq 0 ] && ok=true
   python -m local.marker node outcome "${nodes}" "${fp}" --node-rank "${node}" --ok "${ok}"
   return "${rc}"
+}
+preempted_exit() {  # preempted_json: after a signal, exit 75 (EX_TEMPFAIL: run again) if the ranks saved a
+  # checkpoint of their step, saying where; else return (the signal's own exit follows)
+  [ -f "$1" ] || return 0
+  log "stopped by a signal after saving a checkpoint mid-epoch ($(cat "$1")); the same command continues there"
+  exit 75
 }
 wait_for_peers() {  # nodes_dir fingerprint node_rank nnodes timeout: every node's outcome after torchrun, which
   # reports success after its exit barrier times out on a peer that left: ask the peers (one node: none)
@@ -195,10 +275,14 @@ pseudo_labels() {  # dir model out_root nproc node_rank nnodes device batch min_
 }
 average_pid=
 average_after=()
-start_average() {  # exp_dir fingerprint: local/average.py into exp_dir/final in the background (it writes
-  # final/.done when it succeeds). The next decode's workers import torch and funasr meanwhile, then wait for
-  # the marker (--after): on the demo, stage 3 alone went from 6.3-7.3 s to 5.0-5.4 s.
-  python -m local.average --exp-dir "$1" --final-dir "$1/final" --done-fingerprint "$2" \
+average_overrides() {  # override...: the ones stage 3 reads (train_conf.avg_nbest_model), one per line
+  local o
+  for o in "$@"; do case ${o#"${o%%[!+]*}"} in train_conf.avg_nbest_model=*) echo "${o}" ;; esac; done
+}
+start_average() {  # exp_dir fingerprint device [average option...] [-- override...]: local/average.py into
+  # exp_dir/final in the background (it writes final/.done when it succeeds). The next decode's workers import
+  # torch and funasr meanwhile, then wait for the marker (--after): stage 3 alone went from 6.3-7.3 s to 5.0-5.4 s.
+  python -m local.average --exp-dir "$1" --final-dir "$1/final" --done-fingerprint "$2" --device "$3" "${@:4}" \
     > >(tee "$1/log/average.log" >&2) 2>&1 &
   average_pid=$!
   average_after=(--after "$1/final/.done" "$2")

@@ -124,3 +124,25 @@ def test_outputs_are_not_world_writable_at_umask_000_and_a_777_dir_is_warned(tmp
     assert not bad, bad
     assert modes[tmp_path / "data" / "train" / "data.jsonl"] == 0o644
     assert modes[tmp_path / "data" / "train"] == 0o755
+
+
+@pytest.mark.fault_slow
+@pytest.mark.fault("filesystem of the exp dir full during training")
+def test_full_filesystem_in_stage_2_is_named_on_the_terminal(reference: Path, tmp_path: Path, lost) -> None:
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(exp)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        res = run_sh("--stage", "2", "--stop-stage", "2", "--data-dir", str(reference / "data"), "--dump-dir",
+                     str(reference / "dump"), "--exp-dir", str(exp), "--nproc-per-node", "1", "--",
+                     "++train_conf.max_epoch=1", timeout=600)
+    finally:
+        subprocess.run(["umount", str(exp)], check=True)
+    assert res.returncode != 0
+    tail = res.stderr.splitlines()[-3:]
+    assert any(f"no space left on {exp} ({exp}:" in line for line in tail), "\n".join(tail)
+    lost("the run (it cannot save); the terminal names the full file system, not a log that could not be "
+         "written")
