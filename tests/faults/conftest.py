@@ -3,8 +3,8 @@ corpus, a diverging run) and records a row: the fault, whether the recipe surviv
 (steps, files, utterances). The table is printed at the end of the session, and written to the file
 named by $FAULT_TABLE when that is set (the README's table comes from there).
 
-The slow ones (``fault_slow``: training runs, several nodes) run when tests/faults is named on the
-command line (``pytest tests/faults``); the default suite keeps the fast ones.
+Every fault runs in the default suite, in its slow tier (tests/conftest.py); ``fault_slow`` marks the
+ones that train or start several nodes (minutes), so that ``-m "not fault_slow"`` can leave them out.
 """
 
 from __future__ import annotations
@@ -19,18 +19,7 @@ _ROWS: list[tuple[str, str, str]] = []
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "fault(name): a fault of the fault suite's table")
-    config.addinivalue_line("markers", "fault_slow: runs only when tests/faults is named (minutes)")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    named = any(Path(str(a).split("::")[0]).resolve().is_relative_to(Path(__file__).parent)
-                for a in config.args)
-    if named:
-        return
-    skip = pytest.mark.skip(reason="slow fault: run `pytest tests/faults`")
-    for item in items:
-        if item.get_closest_marker("fault_slow"):
-            item.add_marker(skip)
+    config.addinivalue_line("markers", "fault_slow: a fault that trains or starts several nodes (minutes)")
 
 
 @pytest.fixture
