@@ -1,6 +1,7 @@
 """Stage -1 (and the start of stage 2): the preflight across nodes, one process per node
 (funasr_recipe/dist/preflight.py). Exits 0 when every node agrees with node 0 (the table and the
-bandwidth test are logged), 1 naming each node and difference otherwise, on every node alike.
+bandwidth test are logged), 1 naming each node and difference otherwise, on every node alike; 2 when
+--master-addr does not resolve on this node (1 when the resolver fails or takes over 10 s).
 
 Reads  the checkout, requirements, config and DeepSpeed files, data/ and dump/ (hashes), node 0's
        token in exp/ and dump/; writes (node 0) <exp-dir>/preflight.json.

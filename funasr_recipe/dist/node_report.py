@@ -1,8 +1,9 @@
 """What one node tells the others in the preflight: the code, packages, files and data it would train
 with (which must agree across nodes), and its resources (which are reported).
 
-Reads  the recipe's git tree, requirements.txt, the config and DeepSpeed files, every <set>/data.jsonl
-       under data/ and dump/ and the list of dump/<set>/shards/; writes nothing.
+Reads  the recipe's git tree (its code, not what the recipe writes there: RECIPE_OUTPUTS),
+       requirements.txt, the config and DeepSpeed files, every <set>/data.jsonl under data/ and dump/
+       and the list of dump/<set>/shards/; writes nothing.
 
   report = node_report(NodeInputs(root=Path("."), config=Path("conf/x.yaml"), ...), device="cuda")
 """
@@ -54,14 +55,36 @@ def _git(root: Path, *args: str) -> bytes | None:
         return None
 
 
-def code_state(root: Path) -> dict[str, str]:
+# What the recipe itself writes inside the checkout, which changes while the nodes compare their code
+# (a job's log grows as it runs): the Slurm logs (slurm/run.sbatch's logs/, sbatch's default
+# slurm-<job>.out), the default stage dirs (whose replay.sh scripts are under exp/), the venv and
+# Python's caches. .gitignore lists most of them, but a checkout's own ignore rules may not.
+RECIPE_OUTPUTS = ("logs", "exp", "data", "dump", ".venv", "slurm-*.out", "**/__pycache__", "**/*.pyc")
+
+
+def _excludes(root: Path, outputs: tuple[Path, ...]) -> list[str]:
+    """Git pathspecs that leave out RECIPE_OUTPUTS and the run's own dirs inside the checkout."""
+    specs = [f":(exclude,glob){p}" for p in RECIPE_OUTPUTS]
+    top = root.resolve()
+    for out in outputs:
+        path = (out if out.is_absolute() else root / out).resolve()
+        if path != top and path.is_relative_to(top):
+            specs.append(f":(exclude,literal){path.relative_to(top)}")
+    return specs
+
+
+def code_state(root: Path, outputs: tuple[Path, ...] = ()) -> dict[str, str]:
     """The checkout's revision and a hash of its uncommitted changes ("clean" when there are none):
-    tracked edits (git diff HEAD) and untracked files that git does not ignore, by content."""
+    tracked edits (git diff HEAD) and, by content, untracked files that git does not ignore, but for
+    what the recipe writes there (RECIPE_OUTPUTS and ``outputs``, the run's data, dump and exp dirs
+    when they are inside the checkout): only code and config that a node could run differently."""
     rev = _git(root, "rev-parse", "HEAD")
     if rev is None:
         return {"git_rev": "not a git checkout", "uncommitted": "unknown"}
-    diff = _git(root, "diff", "HEAD", "--binary") or b""
-    untracked = (_git(root, "ls-files", "--others", "--exclude-standard", "-z") or b"").split(b"\0")
+    excludes = _excludes(root, outputs)
+    diff = _git(root, "diff", "HEAD", "--binary", "--", ".", *excludes) or b""
+    untracked = (_git(root, "ls-files", "--others", "--exclude-standard", "-z", "--", ".", *excludes)
+                 or b"").split(b"\0")
     h = hashlib.sha256(diff)
     for name in sorted(n for n in untracked if n):
         h.update(name + b"\0" + digest(root / name.decode("utf-8", "replace")).encode())
@@ -155,7 +178,7 @@ def node_report(inputs: NodeInputs, device: str, nproc_per_node: int) -> dict[st
     return {
         "host": socket.gethostname(),
         "agree": {
-            "code": code_state(root),
+            "code": code_state(root, (inputs.data_dir, inputs.dump_dir, inputs.exp_dir)),
             "versions": package_versions(root),
             "files": files,
             "data": data_digests(inputs.data_dir, inputs.dump_dir),

@@ -3,7 +3,8 @@ master_addr:master_port, before torchrun does, and the run stops here, naming th
 difference, when a node has other code, packages, config or data, cannot see node 0's files, or is
 missing. Then every process training would start runs a collective bandwidth test.
 
-Reads  what node_report.py reads; node 0's token files in <exp>/.preflight/ and <dump>/.preflight/;
+Reads  what node_report.py reads; the master address (resolved first, in seconds: a name that does
+       not resolve is named at once); node 0's token files in <exp>/.preflight/ and <dump>/.preflight/;
 writes (node 0) <exp>/preflight.json: every node's report, the differences, warnings, bandwidth.
 
   ok = run_preflight(PreflightSetup(inputs, node_rank=0, nnodes=2, ...))
@@ -16,6 +17,7 @@ import logging
 import secrets
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,12 +25,20 @@ from datetime import timedelta
 from pathlib import Path
 
 from funasr_recipe.core.files import write_atomic
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.dist.bandwidth import RESULT_KEY, bandwidth_table, run_bandwidth
 from funasr_recipe.dist.compare import differences, node_table, warnings
 from funasr_recipe.dist.node_report import NodeInputs, node_report
 
 log = logging.getLogger(__name__)
 CLOCK_ROUNDS = 3
+# Seconds the master address may take to resolve: glibc's resolver alone retries a dead DNS server for
+# 10 s and more (resolv.conf's timeout x attempts), and torch retries a name that does not resolve
+# until its rendezvous timeout, minutes, logging nothing but "gai error -2".
+RESOLVE_TIMEOUT = 10.0
+# getaddrinfo's answers that mean the name does not exist (a typo, a NodeName that is no host name)
+# rather than that the resolver failed this time.
+_NO_SUCH_NAME = {getattr(socket, n) for n in ("EAI_NONAME", "EAI_NODATA") if hasattr(socket, n)}
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,59 @@ class PreflightSetup:
 
 class PreflightFailed(RuntimeError):
     """The nodes disagree, or one is missing; the message names them."""
+
+
+def resolve_master(addr: str, port: int, timeout: float = RESOLVE_TIMEOUT) -> list[str]:
+    """The IP addresses ``addr`` resolves to here, within ``timeout`` seconds. BadInputError (exit 2)
+    when the name does not exist; PreflightFailed (exit 1) when the resolver fails or takes too long."""
+    answer: list = []
+
+    def lookup() -> None:
+        try:
+            answer.append(socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM))
+        except (OSError, UnicodeError) as e:  # socket.gaierror is an OSError
+            answer.append(e)
+
+    # A daemon thread: getaddrinfo cannot be interrupted, and a hung one must not keep the process.
+    worker = threading.Thread(target=lookup, name="resolve-master", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    hint = ("give --master-addr an address every node resolves to node 0 (an IP address, or a name in "
+            "DNS or /etc/hosts on every node); under Slurm, slurm/run.sbatch takes node 0's NodeAddr")
+    if not answer:
+        raise PreflightFailed(f"--master-addr {addr!r} did not resolve within {timeout:.0f}s on this "
+                              f"node ({socket.gethostname()}): is DNS reachable? Or {hint}")
+    if isinstance(answer[0], BaseException):
+        e = answer[0]
+        if isinstance(e, socket.gaierror) and e.errno in _NO_SUCH_NAME or isinstance(e, UnicodeError):
+            raise BadInputError(f"--master-addr {addr!r} does not resolve on this node "
+                                f"({socket.gethostname()}): {e}; {hint}")
+        raise PreflightFailed(f"--master-addr {addr!r} could not be resolved on this node "
+                              f"({socket.gethostname()}): {e}; {hint}")
+    return sorted({info[4][0] for info in answer[0]})
+
+
+def _is_local(ip: str) -> bool:
+    """True if this machine has the address (a socket can be bound to it)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((ip, 0))
+        return True
+    except OSError:
+        return False
+
+
+def check_master(setup: PreflightSetup) -> list[str]:
+    """Resolve the master address before anything waits on it; on node 0, warn when none of its
+    addresses is this machine's (the other nodes would look for node 0 elsewhere)."""
+    ips = resolve_master(setup.master_addr, setup.master_port)
+    log.info("preflight: --master-addr %s resolves to %s", setup.master_addr, ", ".join(ips))
+    if setup.node_rank == 0 and not any(_is_local(ip) for ip in ips):
+        log.warning("preflight: --master-addr %s resolves to %s, none of which is an address of this "
+                    "machine (%s, node 0): the other nodes will look for node 0 there", setup.master_addr,
+                    ", ".join(ips), socket.gethostname())
+    return ips
 
 
 def _store(setup: PreflightSetup):
@@ -184,7 +247,8 @@ def _bandwidth(setup: PreflightSetup, store) -> dict | None:
 
 def run_preflight(setup: PreflightSetup) -> dict:
     """Run this node's part; returns node 0's verdict (with "ok"); raises PreflightFailed when the nodes
-    disagree or one is missing, on every node alike."""
+    disagree or one is missing, on every node alike (BadInputError: --master-addr does not resolve)."""
+    check_master(setup)
     store = _store(setup)
     reports, verdict = _exchange(setup, store)
     for line in verdict["table"]:
