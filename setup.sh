@@ -47,6 +47,8 @@ need_apt=()
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+# slurmd, slurmctld and munge: tests/e2e/test_slurm_real.py starts its own Slurm 22.05 (skipped without them)
+command -v slurmd >/dev/null 2>&1 || need_apt+=(slurmd slurmctld slurm-client munge)
 if ! grep -q libsndfile <<< "$(ldconfig -p 2>/dev/null || true)"; then need_apt+=(libsndfile1); fi  # a here-string: `ldconfig | grep -q` fails under pipefail (SIGPIPE)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
