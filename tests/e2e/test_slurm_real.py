@@ -30,9 +30,10 @@ from tests.helpers.slurm_cluster import SlurmCluster, cluster_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_LOG = "logs/funasr-recipe.{job}.out"  # slurm/run.sbatch's --output, relative to the submit dir
-# Stage 2 of the demo, short: one epoch of 47 steps per rank; a line every 2 steps to stop it by.
-TRAIN = ["--stop-stage", "2", "--nproc-per-node", "1", "--", "++train_conf.max_epoch=1",
-         "++train_conf.log_interval=2"]
+# Stages 0-2 of the demo, short: no speed-perturbed copies (a third of stage 1 and of the steps), one
+# epoch of about 16 steps per rank; a line every 2 steps to stop it by.
+TRAIN = ["--stop-stage", "2", "--nproc-per-node", "1", "--speed-perturb", "1.0", "--",
+         "++train_conf.max_epoch=1", "++train_conf.log_interval=2"]
 
 # Attempt 1 "trains" until SIGTERM (a child of it records a SIGTERM of its own: there must be none,
 # the stop is for run.sh alone), then exits 75 as run.sh does after a checkpoint; attempt 2 finishes.
