@@ -45,6 +45,7 @@ from funasr_recipe.features.targets import (
     normalise_targets,
     reject_impossible_targets,
     vocab_pieces,
+    write_raw_list,
 )
 from funasr_recipe.model import config
 from funasr_recipe.model.pretrained import resolve
@@ -105,7 +106,14 @@ def check_targets(args: argparse.Namespace, cfg: DictConfig, conf: FbankConf, pl
     """Normalise every merged target (data/textnorm.py: the config's ``transcript_norm``), then, with the
     tokenizer training will use (the one just built, or the pretrained model's), list the targets it
     cannot represent (untokenizable.tsv) and reject the utterances whose target CTC cannot align to their
-    audio."""
+    audio; last, each set's raw.jsonl for training on the audio (the same utterances and targets)."""
+    _check_targets(args, cfg, conf, plans, built)
+    for plan in plans:
+        write_raw_list(plan)
+
+
+def _check_targets(args: argparse.Namespace, cfg: DictConfig, conf: FbankConf, plans: list[SetPlan],
+                   built: Path | None) -> None:
     model_cfg = _tokenizer_config(args, cfg, built)
     tokenizer = None
     if model_cfg is not None:

@@ -5,7 +5,7 @@ and OOM probe, activation checkpointing, the divergence guard (--max-bad-steps),
 atomic checkpoints, installed in order by compat/install.py; funasr_recipe/train/: the list of
 utterances funasr would leave out, and the warmup-cosine schedule).
 
-Reads  the model config, dump/<set>/data.jsonl (or data/<set>/data.jsonl with --feats-type raw),
+Reads  the model config, dump/<set>/data.jsonl (or dump/<set>/raw.jsonl with --feats-type raw),
        dump/<train>/am.lfr<m>x<n>.mvn and dump/tokenizer/<tag>/ for a from-scratch model;
 writes <exp-dir>/: funasr's checkpoints, config.yaml, TensorBoard log, train_skipped.tsv; Hydra's own
        files in <exp-dir>/.hydra.

@@ -12,7 +12,9 @@ writes (``normalise_targets``) data.jsonl with every ``target`` in the normalise
        (``round_trip``); listed, not rejected (a word vocabulary smaller than the corpus is a choice),
        each utterance once under its stage-0 key (not once per speed copy); the header alone if none;
 writes (``reject_impossible_targets``) the four files without the utterances CTC cannot align: each
-       becomes a ``target_too_long_for_audio`` line of rejected.tsv and is counted in report.json.
+       becomes a ``target_too_long_for_audio`` line of rejected.tsv and is counted in report.json;
+writes (``write_raw_list``) <dump-dir>/<set>/raw.jsonl: stage 0's entries (audio sources) of the
+       utterances the dump kept, with the normalised targets, which ``--feats-type raw`` trains on.
 
 CTC aligns U tokens to T output frames only if T >= U + R, R the number of adjacent equal tokens (a
 blank must separate them). Otherwise the loss is infinite, and funasr only warns ``1/58 samples got nan
@@ -288,6 +290,27 @@ def reject_impossible_targets(plan: SetPlan, ctc: CtcFrames, encode: Callable[[s
     log.warning("%s: %d utterances rejected (%s): their targets have more tokens than CTC can align to "
                 "their audio; listed in %s", plan.out, len(bad), REASON, plan.out / "rejected.tsv")
     return len(bad)
+
+
+def write_raw_list(plan: SetPlan) -> Path:
+    """<dump-dir>/<set>/raw.jsonl: the stage-0 lines of the utterances the merged set kept (its unperturbed
+    copies: the same keys), each with the dump's normalised target, so that training on the audio
+    (``--feats-type raw``) sees the targets and the utterances training on features sees."""
+    kept: dict[str, tuple[str, int]] = {}
+    with open(plan.out / "data.jsonl", encoding="utf-8") as f:
+        for line in f:
+            obj = json.loads(line)
+            kept.setdefault(obj["key"], (obj["target"], obj["target_len"]))
+    out = plan.out / "raw.jsonl"
+    tmp = out.with_name(out.name + ".tmp")
+    with open(plan.jsonl, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as dst:
+        for line in src:
+            obj = json.loads(line)
+            if obj["key"] in kept:
+                obj["target"], obj["target_len"] = kept[obj["key"]]
+                dst.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    tmp.replace(out)
+    return out
 
 
 def _rewrite(path: Path, keep: Callable[[int, str], bool]) -> None:

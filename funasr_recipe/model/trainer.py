@@ -1,7 +1,7 @@
 """What stage 2 hands to funasr's own trainer: the recipe's classes registered and the recipe's options as
 Hydra overrides of ``funasr.bin.train_ds.main_hydra`` (the trainer is not forked).
 
-Reads  the model config, dump/<set>/data.jsonl (or data/<set>/data.jsonl with --feats-type raw),
+Reads  the model config, dump/<set>/data.jsonl (or dump/<set>/raw.jsonl with --feats-type raw),
        dump/<train>/am.lfr<m>x<n>.mvn and dump/tokenizer/<tag>/ for a from-scratch model (the paths it
        puts in the overrides), and for ``resolved_config`` a fine-tune's model dir config; writes nothing.
 
@@ -91,8 +91,10 @@ def hydra_argv(args: TrainSetup, overrides: list[str]) -> list[str]:
             # funasr's train_ds builds its AutoModel without disable_update, which then asks PyPI for
             # funasr's latest version (requests.get, no timeout): offline that waits on the connect.
             "++disable_update=true"]
-    source = args.dump_dir if args.feats_type == "fbank" else args.data_dir
-    train_list = source / args.train_set / "data.jsonl"
+    # raw: stage 1's raw.jsonl, stage 0's audio entries with the targets normalised as for the features
+    # (features/targets.py write_raw_list), not data/<set>/data.jsonl as the user wrote them.
+    listing = "data.jsonl" if args.feats_type == "fbank" else "raw.jsonl"
+    train_list = args.dump_dir / args.train_set / listing
     if args.replay_lists:
         if args.feats_type != "fbank":
             raise BadInputError("replay needs stage-1 features (--feats-type fbank): the replay sets are "
@@ -106,7 +108,7 @@ def hydra_argv(args: TrainSetup, overrides: list[str]) -> list[str]:
         pools = ",".join(f"'{p.resolve()}'" for p in args.replay_lists)  # quoted: paths may hold spaces
         argv += [f"++dataset_conf.replay_list=[{pools}]", f"++dataset_conf.replay_ratio={args.replay_ratio}"]
     argv += [f"++train_data_set_list={train_list.resolve()}",
-             f"++valid_data_set_list={(source / args.valid_set / 'data.jsonl').resolve()}"]
+             f"++valid_data_set_list={(args.dump_dir / args.valid_set / listing).resolve()}"]
     if args.feats_type == "fbank":
         dataset = cfg.get("dataset", "AudioDataset")
         if dataset not in FBANK_DATASETS:

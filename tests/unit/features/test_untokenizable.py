@@ -23,6 +23,7 @@ from funasr_recipe.features.targets import (
     UNTOKENIZABLE_TSV,
     normalise_targets,
     vocab_pieces,
+    write_raw_list,
 )
 from funasr_recipe.model.tokenizer import build_tokenizer
 
@@ -119,3 +120,17 @@ def test_without_a_tokenizer_targets_are_still_normalised(tmp_path: Path,
     assert "untokenizable-target check skipped" in caplog.text
     assert json.loads((plan.out / "data.jsonl").read_text(encoding="utf-8"))["target"] == "NINE ZERO"
     assert not (plan.out / UNTOKENIZABLE_TSV).exists()
+
+
+def test_training_on_the_audio_gets_the_same_utterances_and_normalised_targets(
+        tokenizer: SentencepiecesTokenizer, tmp_path: Path) -> None:
+    """--feats-type raw trains on raw.jsonl: stage 0's audio entries, with the dump's targets."""
+    plan = _plan(tmp_path, UTTS)
+    normalise_targets(plan, tokenizer, FROM_SCRATCH)
+    dumped = (plan.out / "data.jsonl").read_text(encoding="utf-8").splitlines()
+    (plan.out / "data.jsonl").write_text("".join(line + "\n" for line in dumped
+                                                 if json.loads(line)["key"] != "d-ok"), encoding="utf-8")
+    raw = [json.loads(line) for line in write_raw_list(plan).read_text(encoding="utf-8").splitlines()]
+    assert [o["key"] for o in raw] == ["a-ok", "b-case", "c-unk", "e-char"]  # d-ok: rejected by stage 1
+    assert [o["source"] for o in raw] == [f"/audio/{k}.wav" for k in ("a-ok", "b-case", "c-unk", "e-char")]
+    assert raw[1]["target"] == "NINE ZERO" and raw[1]["target_len"] == 2

@@ -33,7 +33,9 @@ def test_from_scratch_on_stage1_features(capsys: pytest.CaptureFixture) -> None:
 def test_raw_audio_ddp_cuda(capsys: pytest.CaptureFixture) -> None:
     argv = hydra(capsys, "--feats-type", "raw", "--train-engine", "ddp", "--device", "cuda")
     assert not any(a.startswith("++dataset=") for a in argv)  # funasr's own dataset on the audio
-    assert "++train_data_set_list=/x/data/train/data.jsonl" in argv
+    # stage 1's raw.jsonl: the audio entries with the targets normalised as for the features
+    assert "++train_data_set_list=/x/dump/train/raw.jsonl" in argv
+    assert "++valid_data_set_list=/x/dump/dev/raw.jsonl" in argv
     assert "++train_conf.use_deepspeed=false" in argv and "++backend=nccl" in argv
 
 
