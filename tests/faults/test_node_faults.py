@@ -39,7 +39,8 @@ def steps(log: Path) -> list[int]:
 def test_sigterm_mid_epoch_saves_the_step_and_a_rerun_continues_there(prepared: Path, lost) -> None:
     exp = prepared / "exp_sigterm"
     port = free_port()
-    args = stage2(prepared, "exp_sigterm", port, "--", *EPOCHS)
+    # A timed checkpoint every 3 s as well: each supersedes the last, the SIGTERM's supersedes them all.
+    args = stage2(prepared, "exp_sigterm", port, "--", *EPOCHS, "++train_conf.checkpoint_minutes=0.05")
     run = start_run_sh(*args, stderr=prepared / "sigterm.err")
     # A few steps into epoch 1: its checkpoint alone would lose them.
     wait_for(lambda: epoch_1_started(exp) and len(steps(exp / "train.log")) >= 7, "epoch 1's steps", run,
@@ -53,6 +54,8 @@ def test_sigterm_mid_epoch_saves_the_step_and_a_rerun_continues_there(prepared: 
     assert f"checkpoint {saved['checkpoint']} saved" in err
     assert saved["epoch"] >= 1 and saved["step_in_epoch"] > 0
     assert (exp / saved["checkpoint"]).exists() and not (exp / ".train.done").exists()
+    assert re.search(r"timed checkpoint model\.pt\.ep\d+\.\d+ \(every 0\.05 min\)", err), err[-3000:]
+    assert sorted(p.name for p in exp.glob("model.pt.ep*.*")) == [saved["checkpoint"]]
     wait_for(lambda: not processes_with("local.train", str(exp)), "the ranks to stop", timeout=30)
     before = steps(exp / "train.log")
     res = run_sh(*args, timeout=900)
