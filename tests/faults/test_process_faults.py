@@ -3,12 +3,14 @@ filesystem in stage 1, a umask of 000 and a world-writable shared dir."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import signal
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,20 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     res = run_sh("--stage", "0", "--stop-stage", "1", *digit_args(root, "--shard-size", "20"), timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     return root
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path, size: str) -> Iterator[None]:
+    """A tmpfs of ``size`` mounted at ``path`` for the block (skips the test where mounting is refused)."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
 
 
 def same_outputs(a: Path, b: Path, sub: str) -> list[str]:
@@ -92,19 +108,12 @@ def test_full_filesystem_in_stage_1_leaves_no_done_and_a_rerun_completes(referen
     shutil.copytree(reference / "kaldi", tmp_path / "kaldi")
     assert run_sh("--stage", "0", "--stop-stage", "0", *digit_args(tmp_path)).returncode == 0
     dump = tmp_path / "dump"
-    dump.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(dump)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
-    try:
+    with small_filesystem(dump, "400k"):
         res = run_sh("--stage", "1", "--stop-stage", "1", *digit_args(tmp_path, "--shard-size", "20"))
         assert res.returncode != 0
         assert "No space left on device" in res.stderr
         assert not (dump / ".done").exists()
         assert not list(dump.glob("*/.done"))
-    finally:
-        subprocess.run(["umount", str(dump)], check=True)
     res = run_sh("--stage", "1", "--stop-stage", "1", *digit_args(tmp_path, "--shard-size", "20"))
     assert res.returncode == 0, res.stderr[-3000:]
     assert same_outputs(reference, tmp_path, "dump") == []
@@ -130,17 +139,10 @@ def test_outputs_are_not_world_writable_at_umask_000_and_a_777_dir_is_warned(tmp
 @pytest.mark.fault("filesystem of the exp dir full during training")
 def test_full_filesystem_in_stage_2_is_named_on_the_terminal(reference: Path, tmp_path: Path, lost) -> None:
     exp = tmp_path / "exp"
-    exp.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(exp)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
-    try:
+    with small_filesystem(exp, "1m"):
         res = run_sh("--stage", "2", "--stop-stage", "2", "--data-dir", str(reference / "data"), "--dump-dir",
                      str(reference / "dump"), "--exp-dir", str(exp), "--nproc-per-node", "1", "--",
                      "++train_conf.max_epoch=1", timeout=600)
-    finally:
-        subprocess.run(["umount", str(exp)], check=True)
     assert res.returncode != 0
     tail = res.stderr.splitlines()[-3:]
     assert any(f"no space left on {exp} ({exp}:" in line for line in tail), "\n".join(tail)
