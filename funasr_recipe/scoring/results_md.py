@@ -2,7 +2,7 @@
 
 Reads  <exp-dir>/decode_*/result.json (scoring/score.py: decode_<set> for the trained model,
        decode_<set>_pretrained for the model before fine-tuning);
-writes <exp-dir>/RESULTS.md (or --out): a header (config tag, date, versions), one table row per
+writes <exp-dir>/RESULTS.md (or --out): a header (config tag, date of the newest score, versions), one table row per
        (model, set) with CER, WER, the primary error rate and its S/D/I, tag accuracies and RTF, then
        a per-language table for each set that has more than one language; with
        <exp-dir>/regression.json (scoring/regression.py), the regression gate's table.
@@ -131,5 +131,9 @@ def write_results_md(exp_dir: Path, out: Path) -> Path:
     results = load_results(exp_dir)
     if not results:
         raise FileNotFoundError(f"no {exp_dir}/decode_*/result.json: run local/score.py first (stage 3)")
-    out.write_text(render(exp_dir, results), encoding="utf-8")
+    # Dated by the newest score, not the clock: a rerun that rescored nothing writes the same bytes, so
+    # stage 5 (which fingerprints RESULTS.md) is not redone by a rerun of stage 3 that skipped every set.
+    scored = max(path.stat().st_mtime for path in [*(d / "result.json" for d, _ in results),
+                                                   *exp_dir.glob("regression.json")])
+    out.write_text(render(exp_dir, results, datetime.datetime.fromtimestamp(scored)), encoding="utf-8")
     return out

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,16 @@ def test_main_default_output_and_errors(exp: Path, tmp_path: Path, capsys: pytes
     assert main(["--exp-dir", str(exp), "--out", str(tmp_path / "R.md")]) == 2
     assert f"{exp / 'decode_dev' / 'result.json'}:2: not valid JSON" in capsys.readouterr().err
     assert not (tmp_path / "R.md").exists()
+
+
+def test_dated_by_the_newest_score_so_a_rerun_writes_the_same_bytes(exp: Path) -> None:
+    """Stage 5 fingerprints RESULTS.md: a stage-3 rerun that rescored nothing must not change it."""
+    os.utime(exp / "decode_test" / "result.json", (1_700_000_000, 1_700_000_000))
+    for name in ("decode_dev", "decode_dev_pretrained"):
+        os.utime(exp / name / "result.json", (1_600_000_000, 1_600_000_000))
+    first = write_results_md(exp, exp / "RESULTS.md").read_bytes()
+    assert write_results_md(exp, exp / "RESULTS.md").read_bytes() == first
+    stamp = datetime.datetime.fromtimestamp(1_700_000_000)
+    assert f"- date: {stamp:%Y-%m-%d %H:%M:%S}" in first.decode()
+    os.utime(exp / "decode_dev" / "result.json", (1_800_000_000, 1_800_000_000))  # a set was rescored
+    assert write_results_md(exp, exp / "RESULTS.md").read_bytes() != first
