@@ -136,7 +136,8 @@ def test_offline_hub_name_stops_with_the_download_command(prepared: Path, tmp_pa
 
 
 def test_raw_audio_path_trains_too(prepared: Path) -> None:
-    """--feats-type raw: funasr's own dataset decodes the audio every step (for comparison)."""
+    """--feats-type raw: funasr's own dataset decodes the audio every step (for comparison), from stage 1's
+    raw.jsonl: stage 0's audio entries with the targets normalised as for the features."""
     log = train_stage2(prepared, "exp_raw", 1, "--feats-type", "raw")
-    assert "'dataset': 'SenseVoiceCTCDataset'" in log and "/data/train/data.jsonl" in log
+    assert "'dataset': 'SenseVoiceCTCDataset'" in log and "/dump/train/raw.jsonl" in log
     assert len(val_losses(prepared / "exp_raw" / "train.log")) == 1
