@@ -36,7 +36,8 @@ TRAIN = ["--stop-stage", "2", "--nproc-per-node", "1", "--speed-perturb", "1.0",
          "++train_conf.max_epoch=1", "++train_conf.log_interval=2"]
 
 # Attempt 1 "trains" until SIGTERM (a child of it records a SIGTERM of its own: there must be none,
-# the stop is for run.sh alone), then exits 75 as run.sh does after a checkpoint; attempt 2 finishes.
+# the stop is for run.sh alone), then exits 75 as run.sh does after a checkpoint, node 1 3 s after node 0
+# (node 0's exit must not kill a node still saving); attempt 2 finishes.
 STAND_IN_RUN_SH = r"""#!/usr/bin/env bash
 node=${SLURM_NODEID}
 echo "stand-in run.sh on node ${node}, restart ${SLURM_RESTART_COUNT:-0}" >&2
@@ -44,7 +45,13 @@ if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then echo "node ${node}: resumed and f
 ( trap 'echo "node ${node}" >> "$(dirname "$0")/child_got_sigterm"' TERM
   while :; do sleep 0.5 & wait $!; done ) &
 child=$!
-trap 'echo "node ${node}: SIGTERM, checkpoint saved" >&2; kill -9 ${child}; exit 75' TERM
+saving() {
+  kill -9 ${child}
+  trap 'echo "node ${node}" >> "$(dirname "$0")/signalled_while_saving"' TERM
+  if [ "${node}" -ne 0 ]; then sleep 3 & wait $!; wait $! || true; fi
+  echo "node ${node}: SIGTERM, checkpoint saved" >&2; exit 75
+}
+trap saving TERM
 while :; do sleep 0.5 & wait $!; done
 """
 
@@ -77,7 +84,8 @@ def test_the_time_limit_signal_stops_run_sh_alone_and_the_job_requeues(cluster: 
     started = time.monotonic()
     # 2 minutes: under the directive's 120 s of warning from the start; Slurm checks limits every 30 s.
     job = submit(cluster, recipe, "--time=2", "slurm/run.sbatch", "--stage", "2")
-    final = cluster.wait_state(job, {"COMPLETED"}, timeout=240, until=lambda j: j["Restarts"] != "0")
+    final = cluster.wait_state(job, {"COMPLETED"}, timeout=240, until=lambda j: j["Restarts"] != "0",
+                               job_log=recipe / JOB_LOG.format(job=job))
     log = (recipe / JOB_LOG.format(job=job)).read_text()
     assert final["Restarts"] == "1" and final["ExitCode"] == "0:0", (final, log)
     first, second = attempts(log)  # one log, appended to
@@ -87,6 +95,7 @@ def test_the_time_limit_signal_stops_run_sh_alone_and_the_job_requeues(cluster: 
         assert f"node {node}: resumed and finished" in second
     assert f"requeueing job {job} (1 of at most 10)" in first and "finished in" in second
     assert not (recipe / "child_got_sigterm").exists(), "the stop reached run.sh's children too"
+    assert not (recipe / "signalled_while_saving").exists(), "a node was stopped again while saving"
     print(f"time limit signal, stop, requeue, second attempt: {time.monotonic() - started:.0f} s")
 
 
@@ -127,7 +136,8 @@ def test_two_node_demo_stopped_mid_epoch_is_requeued_resumes_and_finishes(cluste
     stopped = time.monotonic()
     # What the directive --signal=B:TERM@120 sends before the time limit: SIGTERM to the batch shell.
     cluster.run("scancel", "--batch", "--signal=TERM", str(job))
-    final = cluster.wait_state(job, {"COMPLETED"}, timeout=900, until=lambda j: j["Restarts"] != "0")
+    final = cluster.wait_state(job, {"COMPLETED"}, timeout=900, until=lambda j: j["Restarts"] != "0",
+                               job_log=checkout / JOB_LOG.format(job=job))
     log = (checkout / JOB_LOG.format(job=job)).read_text()
     assert final["Restarts"] == "1" and final["ExitCode"] == "0:0", (final, log[-6000:])
     first, second = attempts(log)

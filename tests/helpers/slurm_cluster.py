@@ -93,17 +93,19 @@ class SlurmCluster:
         return out
 
     def wait_state(self, job_id: int, states: set[str], timeout: float = 600,
-                   until: Callable[[dict[str, str]], bool] | None = None) -> dict[str, str]:
+                   until: Callable[[dict[str, str]], bool] | None = None,
+                   job_log: Path | None = None) -> dict[str, str]:
         """Poll until the job is in one of states (and ``until(job)`` holds); its fields. Fails at a
-        final state that is not asked for, naming it."""
+        final state that is not asked for, naming it, with the tail of job_log when given."""
         deadline = time.monotonic() + timeout
         while True:
             job = self.job(job_id)
             state = job.get("JobState", "?")
             if state in states and (until is None or until(job)):
                 return job
-            assert state not in FINAL - states, f"job {job_id} ended {state}: {job}"
-            assert time.monotonic() < deadline, f"job {job_id} still {state} after {timeout:.0f}s: {job}"
+            tail = job_log.read_text()[-6000:] if job_log and job_log.exists() else ""
+            assert state not in FINAL - states, f"job {job_id} ended {state}: {job}\n{tail}"
+            assert time.monotonic() < deadline, f"job {job_id} still {state} after {timeout:.0f}s: {job}\n{tail}"
             time.sleep(1.0)
 
     def idle_nodes(self) -> set[str]:
