@@ -2,9 +2,9 @@
 
 Reads  <exp-dir>/decode_*/result.json (scoring/score.py: decode_<set> for the trained model,
        decode_<set>_pretrained for the model before fine-tuning);
-writes <exp-dir>/RESULTS.md (or --out): a header (config tag, date of the newest score, versions), one table row per
-       (model, set) with CER, WER, the primary error rate and its S/D/I, tag accuracies and RTF, then
-       a per-language table for each set that has more than one language; with
+writes <exp-dir>/RESULTS.md (or --out): a header (config tag, date of the newest score, versions), one
+       table row per (model, set) with CER, WER, the primary error rate and its S/D/I, tag accuracies
+       and RTF, then a per-language table for each set that has more than one language; with
        <exp-dir>/regression.json (scoring/regression.py), the regression gate's table.
 
 Rows are sorted by set, and within a set the pretrained model comes first, so the effect of

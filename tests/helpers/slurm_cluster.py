@@ -105,7 +105,8 @@ class SlurmCluster:
                 return job
             tail = job_log.read_text()[-6000:] if job_log and job_log.exists() else ""
             assert state not in FINAL - states, f"job {job_id} ended {state}: {job}\n{tail}"
-            assert time.monotonic() < deadline, f"job {job_id} still {state} after {timeout:.0f}s: {job}\n{tail}"
+            assert time.monotonic() < deadline, (f"job {job_id} still {state} after {timeout:.0f}s: "
+                                                 f"{job}\n{tail}")
             time.sleep(1.0)
 
     def idle_nodes(self) -> set[str]:
