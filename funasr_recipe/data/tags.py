@@ -24,18 +24,41 @@ TAG_FIELDS = {"language": "text_language", "emotion": "emo_target", "event": "ev
 TAG = re.compile(r"<\|([^|<>]*)\|>")
 
 
+# Languages as corpora name them (lhotse, Common Voice, Hugging Face datasets): English names, ISO 639-1/2/3
+# codes and the BCP-47 tags whose language subtag decides SenseVoice's. Cantonese is its own language in
+# SenseVoice (yue), so the Chinese tags of Hong Kong and Macau (zh-HK, zh-MO), where it is spoken, map to
+# it; any other zh-* (zh-CN, zh-TW, cmn-Hans-CN) is Mandarin.
+LANGUAGE_NAMES = {
+    "english": "en", "eng": "en", "chinese": "zh", "mandarin": "zh", "zho": "zh", "chi": "zh", "cmn": "zh",
+    "putonghua": "zh", "cantonese": "yue", "yue": "yue", "japanese": "ja", "jpn": "ja", "korean": "ko",
+    "kor": "ko", "zh-hk": "yue", "zh-mo": "yue",
+}  # the SenseVoice codes themselves (en, zh, yue, ja, ko, nospeech) are matched first
+
+
 def canonical_tag(kind: str, value: str) -> str | None:
     """Return ``<|name|>`` for a tag given as ``name`` or ``<|name|>`` in any case; None if unknown.
+    A language may also be a name or an ISO/BCP-47 code (LANGUAGE_NAMES; en-US, zh_CN, yue-Hant-HK).
 
-    >>> canonical_tag("emotion", "happy")
-    '<|HAPPY|>'
+    >>> canonical_tag("emotion", "happy"), canonical_tag("language", "en-US")
+    ('<|HAPPY|>', '<|en|>')
     """
     name = value.strip()
     if name.startswith("<|") and name.endswith("|>"):
         name = name[2:-2]
     by_lower = {n.lower(): n for n in KINDS[kind]}
     found = by_lower.get(name.lower())
+    if found is None and kind == "language":
+        parts = name.lower().replace("_", "-").split("-")
+        region = parts[-1] if len(parts) > 1 and len(parts[-1]) == 2 else ""
+        found = (LANGUAGE_NAMES.get(f"{parts[0]}-{region}") or LANGUAGE_NAMES.get(parts[0])
+                 or by_lower.get(parts[0]))
     return None if found is None else f"<|{found}|>"
+
+
+def valid_names(kind: str) -> str:
+    """The valid values of a kind, for an error message."""
+    extra = " (or a language name or ISO/BCP-47 code, e.g. English, en-US, zh-CN, Cantonese)"
+    return f"valid {kind} tags: {', '.join(KINDS[kind])}" + (extra if kind == "language" else "")
 
 
 def split_tags(text: str) -> tuple[dict[str, str], str]:
