@@ -18,7 +18,7 @@ import os
 import re
 import subprocess
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -132,21 +132,35 @@ def sorted_records(path: Path, tmp_dir: Path, blank_lines: list[int] | None = No
     Sorting is done by ``LC_ALL=C sort`` on UTF-8 bytes, which orders like Python's str comparison,
     so the streams of several files of one data dir can be merged by key.
     """
-    unsorted = tmp_dir / f"{path.name}.unsorted"
-    ordered = tmp_dir / f"{path.name}.sorted"
-    with open_table(path) as src, open(unsorted, "w", encoding="utf-8") as dst:
-        for lineno, raw in enumerate(iter_lines(src), start=1):
-            rec = parse_line(raw, lineno)
-            if rec is None:
-                if blank_lines is not None:
+    def parsed() -> Iterator[Record]:
+        with open_table(path) as src:
+            for lineno, raw in enumerate(iter_lines(src), start=1):
+                rec = parse_line(raw, lineno)
+                if rec is not None:
+                    yield rec
+                elif blank_lines is not None:
                     blank_lines.append(lineno)
-                continue
+
+    return sort_records(parsed(), path.name, tmp_dir)
+
+
+def sort_records(records: Iterable[Record], name: str, tmp_dir: Path) -> Iterator[Record]:
+    """``records`` sorted by (key, line number) on disk, as sorted_records sorts a file's (``name``
+    names the temporary files in tmp_dir): for records made from a file, such as resolved segments."""
+    unsorted = tmp_dir / f"{name}.unsorted"
+    ordered = tmp_dir / f"{name}.sorted"
+    with open(unsorted, "w", encoding="utf-8") as dst:
+        for rec in records:
             payload = json.dumps([rec.value, rec.error, rec.detail], ensure_ascii=False)
-            dst.write(f"{rec.key}\t{lineno}\t{payload}\n")
+            dst.write(f"{rec.key}\t{rec.lineno}\t{payload}\n")
     env = dict(os.environ, LC_ALL="C")
     subprocess.run(["sort", "-t", "\t", "-k1,1", "-k2,2n", "-s", "-S", "64M", "-T", str(tmp_dir),
                     "-o", str(ordered), str(unsorted)], check=True, env=env)
     unsorted.unlink()
+    return _read_sorted(ordered)
+
+
+def _read_sorted(ordered: Path) -> Iterator[Record]:
     try:
         with open(ordered, encoding="utf-8", newline="\n") as f:
             for line in f:

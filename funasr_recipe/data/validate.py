@@ -1,6 +1,7 @@
 """Stage 0's validation: check every utterance of a Kaldi data dir and write funasr's JSONL.
 
-Reads  <set-dir>/{wav.scp,text[,utt2spk,utt2lang,utt2emo,utt2event]} (any order, any size);
+Reads  <set-dir>/{wav.scp,text[,segments,utt2spk,utt2lang,utt2emo,utt2event,utt2itn]} (any order, any
+       size; with segments, wav.scp lists recordings and each segment is an utterance: data/segments.py);
 writes <set-dir>/data.jsonl (accepted, sorted by key, SenseVoice schema), <set-dir>/rejected.tsv
 (file, line, key, reason, detail of every rejected entry) and <set-dir>/report.json (counts).
 
@@ -41,17 +42,19 @@ from funasr_recipe.data.kaldi_table import (
     first_field,
     iter_lines,
     open_table,
+    sort_records,
     sorted_records,
 )
 from funasr_recipe.data.manifest import manifest_line
-from funasr_recipe.data.tags import canonical_tag
+from funasr_recipe.data.segments import SEGMENT_ERRORS, resolve_segments
+from funasr_recipe.data.tags import canonical_tag, valid_names
 from funasr_recipe.features.audio import AudioError, AudioInfo, is_pipe, probe_audio
 
 log = logging.getLogger(__name__)
 
-TABLES = ("wav.scp", "text", "utt2spk", "utt2lang", "utt2emo", "utt2event")
+TABLES = ("wav.scp", "segments", "text", "utt2spk", "utt2lang", "utt2emo", "utt2event", "utt2itn")
 TAG_TABLES = {"utt2lang": ("language", "unknown_language"), "utt2emo": ("emotion", "unknown_emotion"),
-              "utt2event": ("event", "unknown_event")}
+              "utt2event": ("event", "unknown_event"), "utt2itn": ("itn", "unknown_itn")}
 BATCH = 2048  # entries probed per pool round: bounds memory, keeps both cores busy
 TARGET_RATE = 16000  # what the models' frontends expect; others are counted as "resampled"
 # One 10 ms fbank frame (the frame shift). Anything shorter cannot give a frame once resampled, and a
@@ -79,14 +82,24 @@ def _tagged(recs: Iterator[Record], idx: int, table: str) -> Iterator[tuple]:
         yield rec.key, idx, rec.lineno, table, rec
 
 
+def audio_table(set_dir: Path) -> str:
+    """The table keyed by utterance that says where its audio is: segments where there is one."""
+    return "segments" if (set_dir / "segments").exists() else "wav.scp"
+
+
 def merged_entries(set_dir: Path, tmp_dir: Path, blank: dict[str, list[int]]) -> Iterator[Entry]:
-    """Merge the key-sorted streams of every table present into one Entry per key."""
+    """Merge the key-sorted streams of every table present into one Entry per key (with segments, the
+    resolved segments stand for wav.scp, which is keyed by recording)."""
     streams = []
+    segmented = audio_table(set_dir) == "segments"
     for idx, table in enumerate(TABLES):
         path = set_dir / table
-        if path.exists():
-            blank[table] = []
-            streams.append(_tagged(sorted_records(path, tmp_dir, blank[table]), idx, table))
+        if not path.exists() or (segmented and table == "wav.scp"):
+            continue
+        blank[table] = []
+        records = (sorted_records(path, tmp_dir, blank[table]) if table != "segments"
+                   else sort_records(resolve_segments(set_dir, blank[table]), table, tmp_dir))
+        streams.append(_tagged(records, idx, table))
     for key, group in itertools.groupby(heapq.merge(*streams), key=lambda t: t[0]):
         entry = Entry(key)
         for _, _, _, table, rec in group:
@@ -139,15 +152,19 @@ def check_text(entry: Entry, set_dir: Path, opts: argparse.Namespace, has_utt2sp
         if len(recs) > 1:
             lines = ", ".join(str(r.lineno) for r in recs)
             return reject(table, recs[0], "duplicate_key", f"key appears {len(recs)} times (lines {lines})")
-    wav, text = entry.one("wav.scp"), entry.one("text")
+    audio = opts.audio_table
+    wav, text = entry.one(audio), entry.one("text")
     if wav is None:
-        return reject("text", text, "missing_in_wav_scp", "key has a transcript but no audio entry")
+        return reject("text", text, f"missing_in_{audio.replace('.', '_')}",
+                      "key has a transcript but no audio entry")
     if text is None:
-        return reject("wav.scp", wav, "missing_in_text", "key has audio but no transcript")
+        return reject(audio, wav, "missing_in_text", "key has audio but no transcript")
+    if wav.error in SEGMENT_ERRORS:
+        return reject(audio, wav, wav.error, wav.detail)
     if not wav.value:
-        return reject("wav.scp", wav, "malformed_line", "no audio path after the key")
+        return reject(audio, wav, "malformed_line", "no audio path after the key")
     if clashes and (base := clashes.get(entry.key)) is not None:
-        return reject("wav.scp", wav, "derived_key_clash",
+        return reject(audio, wav, "derived_key_clash",
                       f"stage 1 names the speed-perturbed copies of {base!r} so ({entry.key!r} is one of "
                       f"them), and {base!r} is in this set too: rename this key")
     for table, recs in entry.lines.items():
@@ -156,13 +173,14 @@ def check_text(entry: Entry, set_dir: Path, opts: argparse.Namespace, has_utt2sp
     if not text.value.strip():
         return reject("text", text, "empty_transcript", "transcript is empty or whitespace only")
     if has_utt2spk and entry.one("utt2spk") is None:
-        return reject("wav.scp", wav, "missing_in_utt2spk", "utt2spk exists but has no speaker for this key")
+        return reject(audio, wav, "missing_in_utt2spk", "utt2spk exists but has no speaker for this key")
     for table, (kind, reason) in TAG_TABLES.items():
         rec = entry.one(table)
         if rec is not None and canonical_tag(kind, rec.value) is None:
-            return reject(table, rec, reason, f"{rec.value!r} is not a SenseVoice {kind} tag")
+            return reject(table, rec, reason,
+                          f"{rec.value!r} is not a SenseVoice {kind} tag; {valid_names(kind)}")
     if is_pipe(wav.value) and not opts.allow_pipes:
-        return reject("wav.scp", wav, "pipe_refused", f"pipe entry {wav.value!r}; pass --allow-pipes true")
+        return reject(audio, wav, "pipe_refused", f"pipe entry {wav.value!r}; pass --allow-pipes true")
     return None
 
 
@@ -180,8 +198,8 @@ def jsonl_line(entry: Entry, info: AudioInfo, opts: argparse.Namespace) -> str:
         rec = entry.one(table)
         tags[kind] = canonical_tag(kind, rec.value if rec else getattr(opts, kind))
     speaker = entry.one("utt2spk")
-    return manifest_line(entry.key, entry.one("wav.scp").value, info, entry.one("text").value, tags,
-                         canonical_tag("itn", opts.itn), speaker.value if speaker else entry.key)
+    return manifest_line(entry.key, entry.one(opts.audio_table).value, info, entry.one("text").value, tags,
+                         tags.pop("itn"), speaker.value if speaker else entry.key)
 
 
 def validate_set(set_dir: Path, language: str = "en", emotion: str = "NEUTRAL", event: str = "Speech",
@@ -192,7 +210,8 @@ def validate_set(set_dir: Path, language: str = "en", emotion: str = "NEUTRAL", 
                               allow_pipes=allow_pipes)
     for kind in ("language", "emotion", "event", "itn"):
         if canonical_tag(kind, getattr(opts, kind)) is None:
-            raise BadInputError(f"declared {kind} {getattr(opts, kind)!r} is not a SenseVoice tag")
+            raise BadInputError(f"declared {kind} {getattr(opts, kind)!r} is not a SenseVoice tag; "
+                                f"{valid_names(kind)}")
     for required in ("wav.scp", "text"):
         try:  # Path.is_file() would raise a bare PermissionError for a directory this user may not enter
             is_file = stat.S_ISREG(os.stat(set_dir / required).st_mode)
@@ -204,14 +223,15 @@ def validate_set(set_dir: Path, language: str = "en", emotion: str = "NEUTRAL", 
         if not is_file:
             raise FileNotFoundError(f"{set_dir / required} is missing: a Kaldi data dir needs wav.scp, text")
     has_utt2spk = (set_dir / "utt2spk").is_file()
-    clashes = derived_key_clashes(set_dir / "wav.scp")
+    audio = opts.audio_table = audio_table(set_dir)  # after the checks above: the dir may be unreadable
+    clashes = derived_key_clashes(set_dir / audio)
     reasons: Counter[str] = Counter()
     stats = {"sample_rates": Counter(), "channels": Counter(), "subtypes": Counter()}
     converted = Counter({"resampled": 0, "downmixed": 0, "requantized": 0})
     accepted = seconds = 0
     dur_min, dur_max = float("inf"), 0.0
     blank: dict[str, list[int]] = {}
-    progress = Progress(f"{set_dir}: validating", count_lines(set_dir / "wav.scp"), logger=log)
+    progress = Progress(f"{set_dir}: validating", count_lines(set_dir / audio), logger=log)
     jsonl_tmp, rej_tmp = set_dir / "data.jsonl.tmp", set_dir / "rejected.tsv.tmp"
 
     def rejected(r: Rejection, out) -> None:
@@ -228,19 +248,19 @@ def validate_set(set_dir: Path, language: str = "en", emotion: str = "NEUTRAL", 
             entries = merged_entries(set_dir, Path(tmp), blank)
             while batch := list(itertools.islice(entries, BATCH)):
                 checked = [(e, check_text(e, set_dir, opts, has_utt2spk, clashes)) for e in batch]
-                sources = [e.one("wav.scp").value for e, r in checked if r is None]
+                sources = [e.one(audio).value for e, r in checked if r is None]
                 infos = iter(pool.map(_probe, sources, chunksize=16) if pool else map(_probe, sources))
                 for entry, rejection in checked:
                     info = next(infos) if rejection is None else None
-                    wav = entry.one("wav.scp")
+                    wav = entry.one(audio)
                     if isinstance(info, AudioError):
-                        rejection = Rejection(str(set_dir / "wav.scp"), wav.lineno, entry.key, info.reason,
+                        rejection = Rejection(str(set_dir / audio), wav.lineno, entry.key, info.reason,
                                               info.detail)
                     elif info is not None and info.duration > max_duration:
-                        rejection = Rejection(str(set_dir / "wav.scp"), wav.lineno, entry.key, "too_long",
+                        rejection = Rejection(str(set_dir / audio), wav.lineno, entry.key, "too_long",
                                               f"{info.duration:.1f}s > --max-duration {max_duration:g}s")
                     elif info is not None and info.duration < MIN_DURATION_S:
-                        rejection = Rejection(str(set_dir / "wav.scp"), wav.lineno, entry.key, "too_short",
+                        rejection = Rejection(str(set_dir / audio), wav.lineno, entry.key, "too_short",
                                               f"{info.frames} samples at {info.sample_rate} Hz: "
                                               f"{info.duration * 1000:.2f} ms < {MIN_DURATION_S * 1000:g} "
                                               "ms, one fbank frame")

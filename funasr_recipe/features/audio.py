@@ -3,8 +3,12 @@
 Audio is read with soundfile, never with ``torchaudio.load``: in torchaudio 2.9 that goes through
 torchcodec/FFmpeg and is about 30x slower (docs/design.md, "Audio I/O and ONNX"). A wav.scp entry is
 a path, or a Kaldi pipe ``cmd |`` whose standard output is an audio file; a pipe runs in its own
-process group, which is killed whole when it runs over PIPE_TIMEOUT_S. Reads audio files and pipes' output;
-writes nothing.
+process group, which is killed whole when it runs over PIPE_TIMEOUT_S. Either may end in a time range
+``#t=<start>,<end>`` or ``#t=<start>`` (to the end; seconds, the W3C media-fragment syntax): an
+utterance of a Kaldi ``segments`` file or a lhotse supervision, of which only that range is decoded.
+Reads audio files and pipes' output; writes nothing.
+
+  wave, rate = load_audio(with_range("/data/rec.flac", 12.5, 15.25))
 """
 
 from __future__ import annotations
@@ -60,9 +64,34 @@ class AudioInfo:
         return self.frames / self.sample_rate
 
 
+# A segment's end may pass its recording's by this much, rounding of times written with 2-3 decimals
+# (a frame at 8 kHz is 0.125 ms); the segment is then read to the recording's end.
+RANGE_SLACK_S = 0.01
+_RANGE = re.compile(r"^(?P<base>.+)#t=(?P<start>\d+(?:\.\d*)?)(?:,(?P<end>\d+(?:\.\d*)?))?$", re.DOTALL)
+
+
+def with_range(source: str, start: float, end: float | None) -> str:
+    """``source`` limited to [start, end) seconds (end None: to its end): ``/a/rec.wav#t=1.5,3.25``.
+    Times keep up to 6 decimals (repr would give 0.30000000000000004)."""
+    def sec(t: float) -> str:
+        return f"{t:.6f}".rstrip("0").rstrip(".")
+
+    return f"{source}#t={sec(start)}" + ("" if end is None else f",{sec(end)}")
+
+
+def split_range(source: str) -> tuple[str, float | None, float | None]:
+    """(base entry, start, end) of an entry: (entry, None, None) without a time range, end None for
+    one that runs to the end of its recording."""
+    m = _RANGE.match(source)
+    if m is None:
+        return source, None, None
+    end = m.group("end")
+    return m.group("base"), float(m.group("start")), None if end is None else float(end)
+
+
 def is_pipe(source: str) -> bool:
-    """True for a Kaldi pipe entry (``cmd args |``)."""
-    return source.rstrip().endswith("|")
+    """True for a Kaldi pipe entry (``cmd args |``), with or without a time range."""
+    return split_range(source)[0].rstrip().endswith("|")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -147,7 +176,37 @@ def load_audio(source: str) -> tuple[np.ndarray, int]:
     soundfile rather than ``torchaudio.load``: in torchaudio 2.9 the latter decodes through torchcodec
     and FFmpeg, about 30x slower for WAV/FLAC and a dependency we do not want.
     """
-    return _read(_target(source), source)
+    base, start, end = split_range(source)
+    if start is None:
+        return _read(_target(source), source)
+    target, (first, last), _ = _open_range(base, start, end, source)
+    if isinstance(target, io.BytesIO):  # a pipe's output: decoded whole, then cut
+        data, rate = _read(target, source)
+        return data[first:last], rate
+    try:
+        return sf.read(target, start=first, stop=last, dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, ValueError, OSError) as e:
+        raise AudioError("unreadable_audio", f"{source}: {e}") from e
+
+
+def _open_range(base: str, start: float, end: float | None,
+                source: str) -> tuple[str | io.BytesIO, tuple[int, int], AudioInfo]:
+    """What to read for a range of base, its [first, last) frames and the recording's header, checked as
+    probe_audio checks a whole entry; raises AudioError (also bad_segment: an empty or reversed range;
+    segment_past_end: one that ends after its recording)."""
+    target = _target(base)
+    info = _probe(target, base)
+    if isinstance(target, io.BytesIO):
+        target.seek(0)
+    end = info.duration if end is None else end
+    if end <= start:
+        raise AudioError("bad_segment", f"{source}: the range ends at {end:g}s, not after its start "
+                         f"{start:g}s")
+    if end > info.duration + RANGE_SLACK_S or round(start * info.sample_rate) >= info.frames:
+        raise AudioError("segment_past_end", f"{source}: the range {start:g}-{end:g}s passes the end of its "
+                         f"recording {base} ({info.duration:.3f}s)")
+    first, last = round(start * info.sample_rate), min(info.frames, round(end * info.sample_rate))
+    return target, (first, last), info
 
 
 def decode_audio_bytes(data: bytes, name: str = "upload") -> tuple[np.ndarray, int]:
@@ -181,9 +240,14 @@ def probe_audio(source: str) -> AudioInfo:
     """Read an entry's header (and its last 0.1 s, to catch truncation); raises AudioError.
 
     Reasons: missing_file, permission_denied, unreadable_audio, truncated_audio, empty_audio,
-    pipe_failed.
+    pipe_failed; for a time range also bad_segment and segment_past_end. A range's info is the
+    range's: its frames, with the recording's rate, channels and sample format.
     """
-    return _probe(_target(source), source)
+    base, start, end = split_range(source)
+    if start is None:
+        return _probe(_target(source), source)
+    _, (first, last), info = _open_range(base, start, end, source)
+    return AudioInfo(info.sample_rate, info.channels, last - first, info.subtype)
 
 
 def _probe(target: str | io.BytesIO, source: str) -> AudioInfo:

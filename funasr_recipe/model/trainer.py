@@ -25,8 +25,10 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from funasr_recipe.core.jsonl import iter_jsonl
 from funasr_recipe.core.log import log_format
 from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.features.audio import split_range
 from funasr_recipe.features.cmvn import cmvn_name
 from funasr_recipe.model.config import fbank_conf, load_config, pretrained_model, tokenizer_spec
 
@@ -67,6 +69,17 @@ def tokenizer_file(dump_dir: Path, tag: str, kind: str) -> Path:
     return dump_dir / "tokenizer" / tag / model_file_name(kind)
 
 
+def refuse_ranges(raw_jsonl: Path) -> None:
+    """BadInputError naming the first utterance of raw_jsonl that is a time range of a recording
+    (segments, lhotse supervisions): funasr's own dataset, which --feats-type raw trains with, reads
+    whole files and would train on the whole recording under the segment's transcript."""
+    for lineno, obj in iter_jsonl(raw_jsonl):
+        if split_range(str(obj.get("source", "")))[1] is not None:
+            raise BadInputError(f"{raw_jsonl}:{lineno}: {obj.get('key')}: --feats-type raw trains through "
+                                "funasr's own dataset, which reads whole files, and this utterance is a "
+                                f"range of a recording ({obj['source']}); use --feats-type fbank")
+
+
 def hydra_argv(args: TrainSetup, overrides: list[str]) -> list[str]:
     """The command line funasr's ``main_hydra`` gets: config, recipe settings, then the user's overrides."""
     from funasr_recipe.data.feats_dataset import FBANK_DATASETS
@@ -95,6 +108,9 @@ def hydra_argv(args: TrainSetup, overrides: list[str]) -> list[str]:
     # (features/targets.py write_raw_list), not data/<set>/data.jsonl as the user wrote them.
     listing = "data.jsonl" if args.feats_type == "fbank" else "raw.jsonl"
     train_list = args.dump_dir / args.train_set / listing
+    if args.feats_type == "raw":
+        for name in (args.train_set, args.valid_set):
+            refuse_ranges(args.dump_dir / name / listing)
     if args.replay_lists:
         if args.feats_type != "fbank":
             raise BadInputError("replay needs stage-1 features (--feats-type fbank): the replay sets are "
