@@ -37,27 +37,45 @@ class Utt:
     language: str | None = None  # written to utt2lang when any utterance of the set has one
     emotion: str | None = None  # utt2emo
     event: str | None = None  # utt2event
+    itn: str | None = None  # utt2itn: withitn/woitn of this utterance (else the corpus's --itn)
+    # A range of a longer recording, in seconds (both or neither): the set is written with a segments
+    # file, wav.scp then keyed by recording (``recording``, default the path's own key).
+    start: float | None = None
+    end: float | None = None
+    recording: str | None = None
 
 
 def write_kaldi_set(set_dir: Path, utts: Iterable[Utt]) -> int:
     """Write one Kaldi data dir, sorted by key; returns the number of utterances.
 
-    Writes set_dir/{wav.scp,text,utt2spk,spk2utt} and utt2lang/utt2emo/utt2event for the tags that
-    any utterance carries. Keys must already be unique and start with the speaker id (Kaldi's rule,
-    so that sorting by key also groups speakers).
+    Writes set_dir/{wav.scp,text,utt2spk,spk2utt} and utt2lang/utt2emo/utt2event/utt2itn for the tags
+    that any utterance carries. When any utterance is a range of a recording, wav.scp lists recordings
+    and ``segments`` maps each utterance to ``<recording> <start> <end>`` (an utterance that is a whole
+    file gets end -1, Kaldi's "to the end"). Keys must already be unique and start with the speaker id
+    (Kaldi's rule, so that sorting by key also groups speakers).
     """
     utts = sorted(utts, key=lambda u: u.key)
     set_dir.mkdir(parents=True, exist_ok=True)
-    columns = {"wav.scp": "path", "text": "text", "utt2spk": "speaker",
-               "utt2lang": "language", "utt2emo": "emotion", "utt2event": "event"}
+    columns = {"wav.scp": "path", "text": "text", "utt2spk": "speaker", "utt2lang": "language",
+               "utt2emo": "emotion", "utt2event": "event", "utt2itn": "itn"}
+    segmented = any(u.start is not None for u in utts)
     for name, attr in columns.items():
         values = [(u.key, getattr(u, attr)) for u in utts]
         if name.startswith("utt2") and name != "utt2spk" and all(v is None for _, v in values):
             (set_dir / name).unlink(missing_ok=True)
             continue
+        if name == "wav.scp" and segmented:
+            values = sorted({(u.recording or u.key, u.path) for u in utts})
         with open(set_dir / name, "w", encoding="utf-8") as f:
             for key, value in values:
                 f.write(f"{key} {'' if value is None else value}\n")
+    if segmented:
+        with open(set_dir / "segments", "w", encoding="utf-8") as f:
+            for u in utts:
+                start, end = (0.0, -1.0) if u.start is None or u.end is None else (u.start, u.end)
+                f.write(f"{u.key} {u.recording or u.key} {start:.3f} {end:.3f}\n")
+    else:
+        (set_dir / "segments").unlink(missing_ok=True)
     spk2utt: dict[str, list[str]] = {}
     for u in utts:
         spk2utt.setdefault(u.speaker, []).append(u.key)
@@ -145,6 +163,33 @@ def split_by_speakers(utts: list[Utt], dev_speakers: Iterable[str],
         raise CorpusLayoutError(f"no training speaker is left after holding out {sorted(dev_speakers)}")
     train = [u for u in utts if u.speaker not in dev_speakers]
     return train, [u for u in utts if u.speaker in dev_speakers]
+
+
+def hold_out_dev(utts: list[Utt], n_speakers: int | None = None,
+                 fraction: float = 0.05) -> tuple[list[Utt], list[Utt]]:
+    """(train, dev) of a corpus that brings no dev set: n_speakers held out (default ``fraction`` of
+    them, at least one), evenly spaced in name order; with fewer than two speakers (or none given:
+    every utterance its own speaker is no speaker), every 1/fraction-th utterance in key order instead,
+    with a warning that dev then shares the training speakers."""
+    speakers = sorted({u.speaker for u in utts})
+    if len(speakers) >= 2 and len(speakers) < len(utts):
+        n = max(1, round(fraction * len(speakers))) if n_speakers is None else n_speakers
+        if not 1 <= n < len(speakers):
+            raise CorpusLayoutError(f"cannot hold out {n} of {len(speakers)} speakers as a speaker-disjoint "
+                                    "dev set and keep one for training; give a dev set instead")
+        held = {speakers[(2 * i + 1) * len(speakers) // (2 * n)] for i in range(n)}
+        log.info("dev speakers (held out of train): %s", " ".join(sorted(held)))
+        return split_by_speakers(utts, held)
+    if len(utts) < 2:
+        raise CorpusLayoutError(f"cannot hold out a dev set from {len(utts)} utterance(s); give a dev set")
+    step = max(2, round(1 / fraction))
+    ordered = sorted(utts, key=lambda u: u.key)
+    dev = ordered[step // 2::step] or ordered[-1:]
+    picked = {u.key for u in dev}
+    log.warning("%d speaker(s) for %d utterances: dev is every %dth utterance (%d), not speaker-disjoint, so "
+                "its scores are optimistic for new voices; give a dev set for a fair one", len(speakers),
+                len(utts), step, len(dev))
+    return [u for u in ordered if u.key not in picked], dev
 
 
 def log_set(set_dir: Path, n_utts: int, n_speakers: int) -> None:

@@ -1,6 +1,7 @@
 """The user's own Kaldi data dirs -> data/<set>/, byte for byte.
 
-Reads  either several data dirs <corpus-dir>/<set>/{wav.scp,text,utt2spk[,spk2utt,utt2lang,utt2emo,utt2event]}
+Reads  either several data dirs <corpus-dir>/<set>/{wav.scp,text[,utt2spk,spk2utt,segments,utt2lang,utt2emo,
+       utt2event,utt2itn]}
        (every subdirectory with a wav.scp is a set), or one data dir <corpus-dir>/{wav.scp,...};
 writes <data-dir>/<set>/{the same files} and <data-dir>/corpus.json.
 
@@ -10,8 +11,11 @@ every set but train is a test set. One data dir: its lines are split by speaker 
 and a speaker-disjoint dev set of --dev-speakers speakers (default 5% of them, at least one), picked
 deterministically: the speakers sorted by name, then evenly spaced picks (the middle one of each of
 N equal runs). spk2utt lines go where their speaker goes; a line whose key has no speaker goes to
-train. Either way every line keeps its bytes and its order, broken ones included (not UTF-8,
-duplicate keys, empty transcripts, `cmd |` pipes): stage 0's validator (local/prepare_data.py)
+train. With one speaker or none (no utt2spk), dev is every 20th utterance instead, with a warning: it
+is not speaker-disjoint. With segments (utterances that are ranges of longer recordings), wav.scp
+lists recordings: both sets get all of it, and the segments lines are split with their utterances.
+Either way every line keeps its bytes and its order, broken ones included (not UTF-8, duplicate keys,
+empty transcripts, `cmd |` pipes): stage 0's validator (local/prepare_data.py)
 reports them by file and line. spk2utt is made from utt2spk only where it is missing. Relative
 wav.scp paths are kept; like Kaldi, they are read relative to the directory run.sh runs in. Lines end
 at CR LF, CR or LF, and a UTF-8 byte-order mark before a file's first line (Windows editors write one)
@@ -42,7 +46,8 @@ from recipes.common import (
 
 log = logging.getLogger(__name__)
 
-FILES = ("wav.scp", "text", "utt2spk", "spk2utt", "utt2lang", "utt2emo", "utt2event")
+FILES = ("wav.scp", "segments", "text", "utt2spk", "spk2utt", "utt2lang", "utt2emo", "utt2event", "utt2itn")
+DEV_EVERY = 20  # with fewer than two speakers: every 20th utterance (5%) is held out as dev
 VALID_NAMES = ("dev", "valid", "validation", "val")
 SET_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 DEFAULTS = {f.name: f.default for f in fields(CorpusInfo)}
@@ -76,23 +81,26 @@ def write_spk2utt(utt2spk: Path, spk2utt: Path) -> None:
             f.write(spk + b" " + b" ".join(groups[spk]) + b"\n")
 
 
+def utterance_table(set_dir: Path) -> str:
+    """The table with one line per utterance: segments where there is one (wav.scp then lists recordings)."""
+    return "segments" if (set_dir / "segments").is_file() else "wav.scp"
+
+
 def log_counts(set_dir: Path) -> None:
-    """Log the utterances (non-blank wav.scp lines) and speakers (utt2spk) of a written set."""
-    with open_table(set_dir / "wav.scp") as f:
+    """Log the utterances (non-blank wav.scp or segments lines) and speakers (utt2spk) of a written set."""
+    with open_table(set_dir / utterance_table(set_dir)) as f:
         n_utts = sum(1 for raw in iter_lines(f) if raw.strip())
     n_spk = len(set(read_utt2spk(set_dir / "utt2spk").values())) if (set_dir / "utt2spk").is_file() else 0
     log_set(set_dir, n_utts, n_spk)
 
 
 def check_files(src: Path) -> None:
-    """Refuse a data dir with segments (wav.scp then holds recordings, not utterances); warn on gaps."""
-    if (src / "segments").exists():
-        raise CorpusLayoutError(f"{src / 'segments'}: data dirs with segments are not supported; cut the "
-                                "segments into their own files first (e.g. Kaldi's extract-segments) and "
-                                "give a wav.scp of utterances")
-    for name in ("text", "utt2spk"):
-        if not (src / name).is_file():
-            log.warning("%s is missing: the validator will reject the utterances of this set", src / name)
+    """Say what a missing table means: no text is fatal for the set (the validator refuses it), no
+    utt2spk only makes each utterance its own speaker."""
+    if not (src / "text").is_file():
+        log.warning("%s is missing: the validator will refuse this set", src / "text")
+    if not (src / "utt2spk").is_file():
+        log.info("%s has no utt2spk: each utterance is its own speaker", src)
 
 
 def copy_file(src: Path, dst: Path) -> None:
@@ -136,12 +144,26 @@ def split_set(src: Path, train: Path, dev: Path, dev_speakers: int | None) -> No
     if src.resolve() in (train.resolve(), dev.resolve()):
         raise CorpusLayoutError(f"splitting {src} into {train} and {dev} would overwrite it; give a "
                                 "--data-dir outside the corpus or a separate dev set")
-    if not (src / "utt2spk").is_file():
-        raise CorpusLayoutError(f"expected {src / 'utt2spk'}: holding out dev speakers needs the speakers")
-    utt2spk = read_utt2spk(src / "utt2spk")
-    held_out = pick_dev_speakers(list(utt2spk.values()), dev_speakers)
-    log.info("%s: dev speakers (held out of train): %s", src,
-             " ".join(s.decode("utf-8", "backslashreplace") for s in sorted(held_out)))
+    utt2spk = read_utt2spk(src / "utt2spk") if (src / "utt2spk").is_file() else {}
+    n_speakers = len(set(utt2spk.values()))
+    if n_speakers >= 2:
+        held_out = pick_dev_speakers(list(utt2spk.values()), dev_speakers)
+        log.info("%s: dev speakers (held out of train): %s", src,
+                 " ".join(s.decode("utf-8", "backslashreplace") for s in sorted(held_out)))
+    elif dev_speakers is not None:
+        raise CorpusLayoutError(f"--dev-speakers {dev_speakers}: {src} has {n_speakers} speaker(s) to hold "
+                                "out; give a dev set instead")
+    else:  # no speakers to hold out: utterances, each routed as its own "speaker" below
+        keys = sorted({parts[0] for parts in _fields(src / utterance_table(src)) if parts})
+        if len(keys) < 2:
+            raise CorpusLayoutError(f"cannot hold out a dev set from {len(keys)} utterance(s) of {src} and "
+                                    "keep one for training; give a dev set (<corpus-dir>/dev/) instead")
+        held_out = set(keys[DEV_EVERY // 2::DEV_EVERY] or keys[-1:])
+        utt2spk = {k: k for k in keys}
+        log.warning("%s: %d speaker(s) for %d utterances: dev is every %dth utterance (%d), not speaker-"
+                    "disjoint, so its scores are optimistic for new voices; give a dev set for a fair one",
+                    src, n_speakers, len(keys), DEV_EVERY, len(held_out))
+    segmented = (src / "segments").is_file()
     for d in (train, dev):
         d.mkdir(parents=True, exist_ok=True)
     for name in FILES:
@@ -155,13 +177,16 @@ def split_set(src: Path, train: Path, dev: Path, dev_speakers: int | None) -> No
             for lineno, raw in enumerate(iter_lines(f), start=1):
                 key = first_field(raw, lineno)  # the utterance (or, in spk2utt, the speaker)
                 spk = key if name == "spk2utt" else utt2spk.get(key) if key is not None else None
-                out: BinaryIO = to_dev if spk in held_out else to_train
-                if not ends[out]:
-                    out.write(b"\n")  # a last line without newline is no longer last: end it
-                out.write(raw)
-                ends[out] = raw.endswith((b"\n", b"\r"))
+                # With segments, wav.scp lines are recordings, which utterances of both sets may share.
+                outs: tuple[BinaryIO, ...] = ((to_train, to_dev) if segmented and name == "wav.scp" else
+                                              (to_dev,) if spk in held_out else (to_train,))
+                for out in outs:
+                    if not ends[out]:
+                        out.write(b"\n")  # a last line without newline is no longer last: end it
+                    out.write(raw)
+                    ends[out] = raw.endswith((b"\n", b"\r"))
     for d in (train, dev):
-        if not (d / "spk2utt").is_file():
+        if not (d / "spk2utt").is_file() and (d / "utt2spk").is_file():
             write_spk2utt(d / "utt2spk", d / "spk2utt")
         log_counts(d)
 

@@ -227,6 +227,38 @@ def test_kaldi_single_dir_is_split_by_speaker(tmp_path: Path, caplog: pytest.Log
     assert len(pick_dev_speakers(spks, 5)) == 5 and len(pick_dev_speakers(spks, 99)) == 99
 
 
+def test_kaldi_one_speaker_or_none_is_split_by_utterance_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    utts = [f"anna-{j:02d}" for j in range(40)]
+    files = {"wav.scp": "".join(f"{u} /abs/{u}.wav\n" for u in utts).encode(),
+             "text": "".join(f"{u} WORDS\n" for u in utts).encode(),
+             "utt2spk": "".join(f"{u} anna\n" for u in utts).encode()}
+    for with_speakers in (True, False):
+        corpus = write_dir(tmp_path / f"one{with_speakers}", {k: v for k, v in files.items()
+                                                              if with_speakers or k != "utt2spk"})
+        caplog.clear()
+        caplog.set_level(logging.INFO)
+        prepare_kaldi(corpus, tmp_path / f"data{with_speakers}")
+        train, dev = (lines(tmp_path / f"data{with_speakers}" / s / "wav.scp") for s in ("train", "dev"))
+        assert [ln.split()[0] for ln in dev] == [b"anna-10", b"anna-30"] and len(train) == 38
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warned) == 1 and "not speaker-disjoint" in warned[0], warned  # no false warning
+
+
+def test_kaldi_segments_go_with_their_utterances_and_recordings_to_both(tmp_path: Path) -> None:
+    spks = [f"spk{i}" for i in range(4)]
+    utts = [f"{s}-u{j}" for s in spks for j in range(2)]
+    files = {"wav.scp": b"recA /abs/a.flac\nrecB /abs/b.flac\n",
+             "segments": "".join(f"{u} rec{'AB'[n % 2]} {n}.0 {n}.5\n" for n, u in enumerate(utts)).encode(),
+             "text": "".join(f"{u} WORDS\n" for u in utts).encode(),
+             "utt2spk": "".join(f"{u} {u.split('-')[0]}\n" for u in utts).encode()}
+    prepare_kaldi(write_dir(tmp_path / "one", files), tmp_path / "data", dev_speakers=1)
+    for name in ("train", "dev"):
+        assert (tmp_path / "data" / name / "wav.scp").read_bytes() == files["wav.scp"]
+    assert [ln.split()[0] for ln in lines(tmp_path / "data/dev/segments")] == [b"spk2-u0", b"spk2-u1"]
+    assert len(lines(tmp_path / "data/train/segments")) == 6
+
+
 def test_kaldi_errors(tmp_path: Path) -> None:
     with raises("wav.scp"):
         prepare_kaldi(tmp_path, tmp_path / "data")  # empty directory
@@ -236,15 +268,13 @@ def test_kaldi_errors(tmp_path: Path) -> None:
     with raises(tmp_path / "sets" / "train" / "wav.scp"):
         prepare_kaldi(tmp_path / "sets", tmp_path / "data")
     one = write_dir(tmp_path / "one", {"wav.scp": b"a-1 /x.wav\n", "utt2spk": b"a-1 a\n"})
-    with raises("cannot hold out 1 of 1 speakers"):
+    with raises("cannot hold out a dev set from 1 utterance"):
         prepare_kaldi(one, tmp_path / "data")
     (one / "utt2spk").unlink()
-    with raises("utt2spk"):
+    with raises("cannot hold out a dev set from 1 utterance"):
         prepare_kaldi(one, tmp_path / "data")
-    seg = write_dir(tmp_path / "seg" / "train", {**BROKEN_TRAIN, "segments": b"spkA-u1 rec1 0 1\n"})
-    write_dir(tmp_path / "seg" / "dev", BROKEN_TRAIN)
-    with raises(seg / "segments"):
-        prepare_kaldi(tmp_path / "seg", tmp_path / "data")
+    with raises("has 0 speaker(s) to hold out"):
+        prepare_kaldi(one, tmp_path / "data", dev_speakers=1)
     data = tmp_path / "inplace"
     write_dir(data / "train", BROKEN_TRAIN)
     with raises("would overwrite"):
