@@ -29,7 +29,7 @@ from funasr_recipe.core.lifetime import die_with_parent
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.data import replay
 from funasr_recipe.model.adapters import DEFAULT_TARGETS
-from funasr_recipe.model.trainer import TrainSetup, hydra_argv, replay_train_list
+from funasr_recipe.model.trainer import TrainSetup, hydra_argv, refuse_ranges, replay_train_list
 from funasr_recipe.train import skipped
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     # Before training: every utterance funasr's filters would drop, listed in <exp-dir>/train_skipped.tsv.
     # (run_main: --strict's BadInputError is exit 2 with one line, not a traceback on every rank.)
     def check_skipped() -> None:
+        if setup.feats_type == "raw":
+            for name in (setup.train_set, setup.valid_set):
+                refuse_ranges(setup.dump_dir / name / "raw.jsonl")
         if setup.replay_lists:  # every rank writes the same bytes, atomically (and logs the counts)
             replay.write_train_list(setup.dump_dir / setup.train_set / "data.jsonl", setup.replay_lists,
                                     replay_train_list(setup), setup.data_dir)

@@ -61,3 +61,15 @@ def test_replay_trains_on_the_mixed_list_through_the_recipe_sampler(capsys: pyte
 def test_freeze_goes_to_funasr_freeze_param(capsys: pytest.CaptureFixture) -> None:
     argv = hydra(capsys, "--freeze", "encoder,ctc")
     assert "++freeze_param='encoder,ctc'" in argv  # quoted: Hydra would read a,b as a sweep
+
+
+def test_raw_training_refuses_ranges_of_recordings(tmp_path: Path) -> None:
+    from funasr_recipe.core.rejections import BadInputError
+    from funasr_recipe.model.trainer import refuse_ranges
+
+    listing = tmp_path / "raw.jsonl"
+    listing.write_text('{"key": "a", "source": "/w/a.wav"}\n{"key": "b", "source": "/w/long.wav#t=1.5,3"}\n')
+    with pytest.raises(BadInputError, match=r"raw.jsonl:2: b: .*range of a recording"):
+        refuse_ranges(listing)
+    listing.write_text('{"key": "a", "source": "/w/a.wav"}\n')
+    refuse_ranges(listing)  # whole files train as they are
