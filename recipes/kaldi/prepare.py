@@ -28,29 +28,20 @@ naming it.
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 from collections.abc import Iterator
-from dataclasses import fields
 from pathlib import Path
 from typing import BinaryIO
 
 from funasr_recipe.data.corpus import CorpusInfo, write_corpus_info
 from funasr_recipe.data.kaldi_table import BOM, first_field, iter_lines, open_table
-from recipes.common import (
-    CorpusLayoutError,
-    log_set,
-    recipe_parser,
-    run_recipe,
-)
+from recipes.common import CorpusLayoutError, log_set, recipe_parser, run_recipe
+from recipes.user_data import SET_NAME, TAG_DEFAULTS, VALID_NAMES, add_tag_options, tag_kwargs
 
 log = logging.getLogger(__name__)
 
 FILES = ("wav.scp", "segments", "text", "utt2spk", "spk2utt", "utt2lang", "utt2emo", "utt2event", "utt2itn")
 DEV_EVERY = 20  # with fewer than two speakers: every 20th utterance (5%) is held out as dev
-VALID_NAMES = ("dev", "valid", "validation", "val")
-SET_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
-DEFAULTS = {f.name: f.default for f in fields(CorpusInfo)}
 
 
 def _fields(path: Path) -> Iterator[list[bytes]]:
@@ -205,8 +196,8 @@ def find_sets(corpus_dir: Path) -> dict[str, Path]:
     return sets
 
 
-def prepare(corpus_dir: Path, data_dir: Path, language: str = "en", emotion: str = DEFAULTS["emotion"],
-            event: str = DEFAULTS["event"], itn: str = DEFAULTS["itn"],
+def prepare(corpus_dir: Path, data_dir: Path, language: str = "en", emotion: str = TAG_DEFAULTS["emotion"],
+            event: str = TAG_DEFAULTS["event"], itn: str = TAG_DEFAULTS["itn"],
             dev_speakers: int | None = None) -> CorpusInfo:
     """Copy (several data dirs) or split (one data dir) the user's Kaldi data into data_dir."""
     if (corpus_dir / "wav.scp").is_file():
@@ -237,20 +228,8 @@ def prepare(corpus_dir: Path, data_dir: Path, language: str = "en", emotion: str
 def main() -> None:
     """Command line entry point."""
     parser = recipe_parser(__doc__)
-    parser.add_argument("--language", default="en", help="declared language of the utterances without "
-                        "utt2lang (SenseVoice code: en, zh, yue, ja, ko; default: %(default)s)")
-    parser.add_argument("--emotion", default=DEFAULTS["emotion"],
-                        help="declared emotion of the utterances without utt2emo (default: %(default)s)")
-    parser.add_argument("--event", default=DEFAULTS["event"],
-                        help="declared event of the utterances without utt2event (default: %(default)s)")
-    parser.add_argument("--itn", default=DEFAULTS["itn"], choices=("withitn", "woitn"),
-                        help="withitn when transcripts keep punctuation and case (default: %(default)s)")
-    parser.add_argument("--dev-speakers", type=int, default=None,
-                        help="number of speakers held out as dev when no dev set is given "
-                        "(default: 5%% of the speakers, at least 1)")
-    args = parser.parse_args()
-    run_recipe(prepare, corpus_dir=args.corpus_dir, data_dir=args.data_dir, language=args.language,
-               emotion=args.emotion, event=args.event, itn=args.itn, dev_speakers=args.dev_speakers)
+    add_tag_options(parser, "without their own (utt2lang, utt2emo, utt2event)")
+    run_recipe(prepare, **tag_kwargs(parser.parse_args()))
 
 
 if __name__ == "__main__":

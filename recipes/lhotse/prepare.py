@@ -44,8 +44,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, fields
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +55,21 @@ from lhotse.cut import CutSet, MixedCut
 from lhotse.cut.data import DataCut
 
 from funasr_recipe.data.corpus import CorpusInfo
-from recipes.common import CorpusLayoutError, Utt, hold_out_dev, recipe_parser, run_recipe, write_sets
-from recipes.kaldi.prepare import SET_NAME, VALID_NAMES
+from recipes.common import CorpusLayoutError, Utt, recipe_parser, run_recipe, write_sets
+from recipes.user_data import (
+    TAG_DEFAULTS,
+    add_tag_options,
+    dev_name,
+    listing,
+    set_names,
+    settle_dev,
+    tag_kwargs,
+)
 
 log = logging.getLogger(__name__)
 
 MANIFEST = re.compile(r"^(?P<name>.+?)_(?P<kind>cuts|recordings|supervisions)_(?P<split>.+?)"
                       r"\.jsonl(?:\.gz)?$")
-DEFAULTS = {f.name: f.default for f in fields(CorpusInfo)}
 SOURCE_HINTS = {"url": "download the audio and point the manifest at the files",
                 "shar": "export the Shar back to manifests over audio files"}
 
@@ -81,13 +88,6 @@ class Split:
     cuts: Path | None = None
     recordings: Path | None = None
     supervisions: Path | None = None
-
-
-def listing(names: Iterable[str], limit: int = 20) -> str:
-    """The first ``limit`` names, and how many more there are."""
-    names = list(names)
-    shown = " ".join(names[:limit]) or "nothing"
-    return shown + (f" ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
 def find_splits(corpus_dir: Path) -> dict[str, Split]:
@@ -125,27 +125,6 @@ def find_splits(corpus_dir: Path) -> dict[str, Split]:
                                     f"manifest (<name>_{lacks}_{name}.jsonl.gz) and no cuts; found "
                                     f"{listing(files)}")
     return splits
-
-
-def set_names(splits: Iterable[str]) -> dict[str, str]:
-    """{split: set name}: characters a set name may not have (recipes/kaldi SET_NAME) become "_"."""
-    names = {split: re.sub(r"[^A-Za-z0-9_.+-]", "_", split) for split in splits}
-    for split, name in names.items():
-        if not SET_NAME.match(name) or not name.strip("."):
-            raise CorpusLayoutError(f"split {split!r}: {name!r} cannot be a set (directory) name; rename it")
-    if clashes := sorted(s for s in names if sum(n == names[s] for n in names.values()) > 1):
-        raise CorpusLayoutError(f"splits {clashes} would all be written as the same set; rename them")
-    return names
-
-
-def roles(names: Iterable[str]) -> tuple[list[str], str | None]:
-    """(the sets that are merged into train, the dev set or None) among the set names."""
-    names = sorted(names)
-    lower = {n.lower(): n for n in names}
-    train = [n for n in names if n.lower().startswith("train")]
-    dev = next((lower[v] for v in VALID_NAMES if v in lower), None)
-    dev = dev or next((n for n in names if n.lower().startswith("dev")), None)
-    return train, dev
 
 
 def read_manifest(path: Path, kind: type) -> Iterator[Any]:
@@ -289,13 +268,13 @@ def settle_ranges(utts: list[Utt]) -> None:
             u.start = u.end = None
 
 
-def prepare(corpus_dir: Path, data_dir: Path, language: str = "en", emotion: str = DEFAULTS["emotion"],
-            event: str = DEFAULTS["event"], itn: str = DEFAULTS["itn"],
+def prepare(corpus_dir: Path, data_dir: Path, language: str = "en", emotion: str = TAG_DEFAULTS["emotion"],
+            event: str = TAG_DEFAULTS["event"], itn: str = TAG_DEFAULTS["itn"],
             dev_speakers: int | None = None) -> CorpusInfo:
     """Write one Kaldi data dir per set of the lhotse manifests in corpus_dir, and corpus.json."""
     splits = find_splits(corpus_dir)
     names = set_names(splits)
-    train, dev = roles(names.values())
+    train = sorted(n for n in names.values() if n.lower().startswith("train"))
     if not train:
         raise CorpusLayoutError(f"{corpus_dir}: no train split (named train or train<anything>); the splits "
                                 f"are {listing(sorted(splits))}")
@@ -308,13 +287,7 @@ def prepare(corpus_dir: Path, data_dir: Path, language: str = "en", emotion: str
             sets["train"].extend(utts)
         else:
             sets[names[split]] = list(utts)
-    if dev is None:
-        log.info("%s has no dev split (%s, dev*): holding out dev speakers of train", corpus_dir,
-                 ", ".join(VALID_NAMES))
-        sets["train"], sets["dev"] = hold_out_dev(sets["train"], dev_speakers)
-        dev = "dev"
-    elif dev_speakers is not None:
-        log.warning("--dev-speakers %d is ignored: split %s is the dev set", dev_speakers, dev)
+    dev = settle_dev(sets, dev_name(set(sets) - {"train"}, prefix=True), corpus_dir, dev_speakers)
     for utts in sets.values():
         settle_ranges(utts)
     info = CorpusInfo(corpus="lhotse", corpus_dir=str(corpus_dir.resolve()), train_set="train", valid_set=dev,
@@ -326,20 +299,8 @@ def prepare(corpus_dir: Path, data_dir: Path, language: str = "en", emotion: str
 def main() -> None:
     """Command line entry point."""
     parser = recipe_parser(__doc__)
-    parser.add_argument("--language", default="en", help="declared language of the supervisions without one "
-                        "(SenseVoice code: en, zh, yue, ja, ko; default: %(default)s)")
-    parser.add_argument("--emotion", default=DEFAULTS["emotion"],
-                        help="declared emotion of the utterances (default: %(default)s)")
-    parser.add_argument("--event", default=DEFAULTS["event"],
-                        help="declared event of the utterances (default: %(default)s)")
-    parser.add_argument("--itn", default=DEFAULTS["itn"], choices=("withitn", "woitn"),
-                        help="withitn when transcripts keep punctuation and case (default: %(default)s)")
-    parser.add_argument("--dev-speakers", type=int, default=None,
-                        help="number of speakers held out as dev when there is no dev split "
-                        "(default: 5%% of the speakers, at least 1)")
-    args = parser.parse_args()
-    run_recipe(prepare, corpus_dir=args.corpus_dir, data_dir=args.data_dir, language=args.language,
-               emotion=args.emotion, event=args.event, itn=args.itn, dev_speakers=args.dev_speakers)
+    add_tag_options(parser, "whose supervision has none")
+    run_recipe(prepare, **tag_kwargs(parser.parse_args()))
 
 
 if __name__ == "__main__":
