@@ -57,12 +57,14 @@ warn_world_writable() {  # dir...: warn for each existing one that any user may 
 }
 
 # --- stage 0 (and stage 3's --decode-dir): validation of one Kaldi data dir --------------------------
+# The tables of a Kaldi dir that stage 0 reads (spk2utt is made from utt2spk where missing).
+KALDI_TABLES=(wav.scp segments text utt2spk utt2lang utt2emo utt2event utt2itn)
 set_fingerprint() {  # kaldi_dir|data.jsonl data_dir part...: its tables' (or the manifest's) bytes, the
   # corpus's declared tags, the parts
   local dir=$1 data_dir=$2 declared tables
   shift 2
   declared=$(python -m local.corpus_info --data-dir "${data_dir}" language emotion event itn)
-  tables=("${dir}"/{wav.scp,text,utt2spk,utt2lang,utt2emo,utt2event}); [ ! -f "${dir}" ] || tables=("${dir}")
+  tables=("${KALDI_TABLES[@]/#/${dir}/}"); [ ! -f "${dir}" ] || tables=("${dir}")
   # .sources.tsv: the audio's sizes and times, so that a replaced recording is validated again.
   fingerprint --contents "${tables[@]}" "${data_dir}/.sources.tsv" -- "$@" "${declared}"
 }
@@ -80,7 +82,7 @@ validate_set() {  # set_dir data_dir fingerprint prepare_data_option...: data.js
 copy_kaldi_dir() {  # src dst: the Kaldi tables of src into dst, rewriting only those that differ
   local f
   mkdir -p "$2"
-  for f in wav.scp text utt2spk spk2utt utt2lang utt2emo utt2event; do
+  for f in "${KALDI_TABLES[@]}" spk2utt; do
     if [ -f "$1/${f}" ]; then cmp -s "$1/${f}" "$2/${f}" || cp "$1/${f}" "$2/${f}"
     else rm -f "$2/${f}"; fi
   done
@@ -97,7 +99,7 @@ import_kaldi_dirs() {  # option prefix dirs data_dir start_dir node_rank timeout
     set=${prefix}_$(set_name "${dir}")
     fp=$(set_fingerprint "${dir}" "${data_dir}" "${dir}" "${@:3}")  # not --nj: it changes how fast, not what
     if [ "${node}" -ne 0 ]; then wait_for_node0 "${data_dir}/${set}/.done" "${fp}" "validating ${dir}" "${timeout}"; continue; fi
-    if [[ ${dir} = *.jsonl ]]; then  # a manifest: written as a Kaldi dir, then validated as any
+    if [[ ${dir} = *.jsonl || ${dir} = *.jsonl.gz ]]; then  # FunASR JSONL: written as a Kaldi dir, then validated as any
       python -m local.prepare_data --jsonl-to-kaldi "${dir}" --set-dir "${data_dir}/jsonl_sets/${set}" || exit 1
       dir=${data_dir}/jsonl_sets/${set}
     fi
@@ -106,10 +108,10 @@ import_kaldi_dirs() {  # option prefix dirs data_dir start_dir node_rank timeout
     validate_set "${data_dir}/${set}" "${data_dir}" "${fp}" "$@"
   done <<< "${dirs}"
 }
-set_name() {  # dir: a set's name from its Kaldi dir, or from a data.jsonl's name (data.jsonl: its folder's)
+set_name() {  # dir: a set's name from its Kaldi dir, or from a .jsonl[.gz] file's name (data.jsonl: its folder's)
   local name
-  name=$(basename "$1" .jsonl)
-  if [ "${name}" = data ] && [[ $1 = *.jsonl ]]; then name=$(basename "$(dirname "$1")"); fi
+  name=$(basename "${1%.gz}" .jsonl)
+  if [ "${name}" = data ] && [[ ${1%.gz} = *.jsonl ]]; then name=$(basename "$(dirname "$1")"); fi
   echo "${name}"
 }
 set_names() {  # prefix dirs: the names import_kaldi_dirs gives the newline-separated dirs, each followed by a space
