@@ -13,8 +13,9 @@ entry instead (exit 2). A set with no accepted entry fails (exit 1).
            fatal (exit 2): the same utterance in train and dev makes the dev scores look better than
            they are.
 
---jsonl-to-kaldi: reads a data.jsonl given as a replay set; writes it as the Kaldi dir --set-dir
-           (funasr_recipe/data/replay.py), which the --set-dir mode then validates.
+--jsonl-to-kaldi: reads a set given as FunASR JSONL (.jsonl or .jsonl.gz: a --decode-dir, --replay-dir or
+           --regression-dir); writes it as the Kaldi dir --set-dir (recipes/jsonl/prepare.py, the
+           reader of --corpus jsonl), which the --set-dir mode then validates.
 
   python -m local.prepare_data --set-dir data/train --language en --nj 2
   python -m local.prepare_data --overlap --data-dir data --sets "train dev test" --strict false
@@ -53,9 +54,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def convert_jsonl(jsonl: Path, set_dir: Path) -> None:
-    from funasr_recipe.data.replay import jsonl_to_kaldi
+    """A set given as FunASR JSONL -> a Kaldi dir, read as ``--corpus jsonl`` reads its files (every tag,
+    speakers, start/end ranges kept), so a set is the same whichever option brings it."""
+    from recipes.common import write_kaldi_set
+    from recipes.jsonl.prepare import read_set
 
-    log.info("%s: %d lines written as the Kaldi dir %s", jsonl, jsonl_to_kaldi(jsonl, set_dir), set_dir)
+    log.info("%s: %d lines written as the Kaldi dir %s", jsonl, write_kaldi_set(set_dir, read_set(jsonl)),
+             set_dir)
 
 
 def run_overlap(data_dir: Path, sets: list[str], strict: bool) -> int:
@@ -82,8 +87,8 @@ def run_overlap(data_dir: Path, sets: list[str], strict: bool) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = program_parser(__doc__)
     parser.add_argument("--set-dir", type=Path, help="Kaldi data dir to validate")
-    parser.add_argument("--jsonl-to-kaldi", type=Path, help="instead: write this data.jsonl as the Kaldi dir "
-                        "--set-dir")
+    parser.add_argument("--jsonl-to-kaldi", type=Path, help="instead: write this FunASR .jsonl[.gz] as the "
+                        "Kaldi dir --set-dir")
     parser.add_argument("--overlap", action="store_true",
                         help="instead: look for utterances in two of --sets (under --data-dir)")
     parser.add_argument("--data-dir", type=Path, help="with --overlap: the dir of the sets' dirs")

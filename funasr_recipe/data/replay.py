@@ -34,7 +34,7 @@ from funasr_recipe.core.files import write_atomic
 from funasr_recipe.core.jsonl import iter_jsonl
 from funasr_recipe.core.rejections import REJECTED_HEADER, BadInputError, Rejection
 from funasr_recipe.data.kaldi_table import iter_table
-from funasr_recipe.data.tags import TAG_FIELDS, bare_tag, canonical_tag
+from funasr_recipe.data.tags import canonical_tag
 
 log = logging.getLogger(__name__)
 
@@ -205,24 +205,6 @@ def pseudo_label_dest(dest: Path, rows: list[tuple[str, str, str, dict[str, str]
             write_atomic(dest / table, "".join(lines))
         else:
             (dest / table).unlink(missing_ok=True)
-
-
-def jsonl_to_kaldi(jsonl: Path, dest: Path) -> int:
-    """A replay set given as a data.jsonl (key, source, target and funasr's tag fields) -> the Kaldi dir
-    ``dest`` that stage 0 then validates like any other; returns the lines. Only the layout changes:
-    an empty target or a missing audio file goes through and is rejected, and counted, by stage 0."""
-    rows = []
-    for lineno, obj in iter_jsonl(jsonl):
-        missing = [f for f in ("key", "source", "target") if not isinstance(obj.get(f), str)]
-        if missing or not obj["key"].strip() or any(c.isspace() for c in obj["key"]):
-            raise BadInputError(f"{jsonl}:{lineno}: a replay manifest line needs string key (no spaces), "
-                                f"source and target fields{f'; missing {missing}' if missing else ''}")
-        tags = {kind: bare_tag(obj[field]) for kind, field in TAG_FIELDS.items() if obj.get(field)}
-        rows.append((obj["key"], obj["source"], " ".join(obj["target"].split()), tags))
-    if not rows:
-        raise BadInputError(f"{jsonl}: no lines")
-    pseudo_label_dest(dest, rows, {})
-    return len(rows)
 
 
 def merge_pseudo_labels(shards: Iterable[dict], wav_scp: Path, min_logprob: float, dest: Path,

@@ -6,6 +6,7 @@ dir with no usable utterance fatal, naming it), repeated --replay-dir options ac
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -57,21 +58,26 @@ def test_replay_dir_without_text_says_so(tmp_path: Path) -> None:
 
 
 def test_replay_given_as_a_data_jsonl(tmp_path: Path) -> None:
-    """A manifest (key, source, target, tags) is a replay set too: written as a Kaldi dir, then validated
-    like one (a missing audio file rejected and listed); a line without a target names file and line."""
+    """A FunASR JSONL (key, source, target, tags; gzipped too) is a replay set, read as --corpus jsonl
+    reads one: written as a Kaldi dir, then validated like one (a missing audio file and a line without
+    target rejected and listed); a line that is not a usable record names file and line."""
     pool = tmp_path / "pool"
     pool.mkdir()
-    lines = [{"key": f"theo-{w.stem}", "source": str(w), "target": "SEVEN", "text_language": "<|en|>"}
-             for w in WAVS[:3]]
+    lines = [{"key": f"theo-{w.stem}", "source": str(w), "target": "SEVEN", "text_language": "<|en|>",
+              "with_or_wo_itn": "<|withitn|>"} for w in WAVS[:3]]
     lines.append({"key": "theo-gone", "source": str(tmp_path / "gone.wav"), "target": "NINE"})
-    (pool / "data.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    res = stage0(tmp_path, "--replay-dir", str(pool / "data.jsonl"))
+    lines.append({"key": "theo-silent", "source": str(WAVS[3])})
+    (pool / "data.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(x) + "\n" for x in lines).encode()))
+    res = stage0(tmp_path, "--replay-dir", str(pool / "data.jsonl.gz"))
     assert res.returncode == 0, res.stderr[-3000:]
-    accepted = (tmp_path / "data" / "replay_pool" / "data.jsonl").read_text().splitlines()
-    assert sorted(json.loads(x)["key"] for x in accepted) == sorted(x["key"] for x in lines[:3])
-    assert "theo-gone" in (tmp_path / "data" / "replay_pool" / "rejected.tsv").read_text()
+    written = (tmp_path / "data" / "replay_pool" / "data.jsonl").read_text().splitlines()
+    accepted = [json.loads(x) for x in written]
+    assert sorted(x["key"] for x in accepted) == sorted(x["key"] for x in lines[:3])
+    assert {x["with_or_wo_itn"] for x in accepted} == {"<|withitn|>"}  # the line's own, kept
+    rejected = (tmp_path / "data" / "replay_pool" / "rejected.tsv").read_text()
+    assert "theo-gone" in rejected and "theo-silent\tempty_transcript" in rejected, rejected
 
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps(lines[0]) + "\n" + json.dumps({"key": "k", "source": str(WAVS[0])}) + "\n")
+    bad.write_text(json.dumps(lines[0]) + "\n" + json.dumps({"key": "k k", "source": str(WAVS[0])}) + "\n")
     res = stage0(tmp_path / "b", "--replay-dir", str(bad))
-    assert res.returncode != 0 and f"{bad}:2: a replay manifest line needs" in res.stderr
+    assert res.returncode != 0 and f"{bad}:2: key must be a string without whitespace" in res.stderr
