@@ -66,6 +66,8 @@ def write_kaldi_set(set_dir: Path, utts: Iterable[Utt]) -> int:
             continue
         if name == "wav.scp" and segmented:
             values = sorted({(u.recording or u.key, u.path) for u in utts})
+        if name == "text":  # a line break inside a CSV field or a supervision would end the line
+            values = [(key, " ".join(text.split())) for key, text in values]
         with open(set_dir / name, "w", encoding="utf-8") as f:
             for key, value in values:
                 f.write(f"{key} {'' if value is None else value}\n")
