@@ -8,19 +8,20 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from funasr_recipe.data.corpus import CorpusInfo
-from recipes.common import CorpusLayoutError, Utt, hold_out_dev
+from recipes.common import CorpusLayoutError, Utt, hold_out_dev, recipe_parser, run_recipe, write_sets
 
 log = logging.getLogger(__name__)
 
 VALID_NAMES = ("dev", "valid", "validation", "val")  # a set of one of these names is the dev set
 SET_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")  # a set name is a directory name and a shell word
-TAG_DEFAULTS = {f.name: f.default for f in fields(CorpusInfo)}
+TAG_DEFAULTS = {f.name: f.default for f in fields(CorpusInfo) if f.name in ("emotion", "event", "itn")}
+TAG_DEFAULTS["language"] = "en"
 
 
 def listing(names: Iterable[str], limit: int = 20) -> str:
@@ -88,3 +89,32 @@ def tag_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of a prepare() from the options of ``recipe_parser`` + ``add_tag_options``."""
     return {"corpus_dir": args.corpus_dir, "data_dir": args.data_dir, "language": args.language,
             "emotion": args.emotion, "event": args.event, "itn": args.itn, "dev_speakers": args.dev_speakers}
+
+
+def own_corpus_info(corpus: str, corpus_dir: Path, sets: Iterable[str], dev: str, **tags: str) -> CorpusInfo:
+    """corpus.json of an own-data recipe: train, the dev set, every other set a test set; the declared
+    tags (language, emotion, event, itn) as given, else TAG_DEFAULTS."""
+    if unknown := set(tags) - set(TAG_DEFAULTS):
+        raise TypeError(f"unknown tags {sorted(unknown)}")
+    return CorpusInfo(corpus=corpus, corpus_dir=str(corpus_dir.resolve()), train_set="train", valid_set=dev,
+                      test_sets=sorted(s for s in sets if s != "train"), **{**TAG_DEFAULTS, **tags})
+
+
+def own_main(prepare: Callable[..., CorpusInfo], doc: str | None, without: str) -> None:
+    """The command line of an own-data recipe: --corpus-dir, --data-dir, the tag options, --dev-speakers."""
+    parser = recipe_parser(doc)
+    add_tag_options(parser, without)
+    run_recipe(prepare, **tag_kwargs(parser.parse_args()))
+
+
+def write_own_sets(corpus: str, corpus_dir: Path, data_dir: Path, sets: dict[str, list[Utt]],
+                   dev_speakers: int | None, dev_prefix: bool = False,
+                   each_set: Callable[[list[Utt]], None] | None = None, **tags: str) -> CorpusInfo:
+    """The end of an own-data recipe: pick or hold out the dev set (``dev_name``, ``settle_dev``), give
+    each set to ``each_set`` (a last change that needs the final sets), write the Kaldi dirs and
+    corpus.json (recipes/common.py write_sets); returns what corpus.json says."""
+    dev = settle_dev(sets, dev_name(set(sets) - {"train"}, prefix=dev_prefix), corpus_dir, dev_speakers)
+    for utts in sets.values():
+        if each_set is not None:
+            each_set(utts)
+    return write_sets(data_dir, sets, own_corpus_info(corpus, corpus_dir, sets, dev, **tags))

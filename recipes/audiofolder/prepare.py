@@ -35,15 +35,12 @@ from pathlib import Path
 
 from funasr_recipe.core.jsonl import iter_jsonl
 from funasr_recipe.data.corpus import CorpusInfo
-from recipes.common import CorpusLayoutError, Utt, recipe_parser, run_recipe, write_sets
+from recipes.common import CorpusLayoutError, Utt
 from recipes.user_data import (
-    TAG_DEFAULTS,
-    add_tag_options,
-    dev_name,
     listing,
+    own_main,
     set_names,
-    settle_dev,
-    tag_kwargs,
+    write_own_sets,
 )
 
 log = logging.getLogger(__name__)
@@ -166,24 +163,16 @@ def read_set(path: Path) -> list[Utt]:
     return utts
 
 
-def prepare(corpus_dir: Path, data_dir: Path, language: str = "en", emotion: str = TAG_DEFAULTS["emotion"],
-            event: str = TAG_DEFAULTS["event"], itn: str = TAG_DEFAULTS["itn"],
-            dev_speakers: int | None = None) -> CorpusInfo:
+def prepare(corpus_dir: Path, data_dir: Path, dev_speakers: int | None = None, **tags: str) -> CorpusInfo:
     """Write one Kaldi data dir per split of the audio folder (a dev set held out if none), and
     corpus.json."""
     sets = {name: read_set(path) for name, path in find_sets(corpus_dir).items()}
-    dev = settle_dev(sets, dev_name(set(sets) - {"train"}), corpus_dir, dev_speakers)
-    info = CorpusInfo(corpus="audiofolder", corpus_dir=str(corpus_dir.resolve()), train_set="train",
-                      valid_set=dev, test_sets=sorted(s for s in sets if s != "train"), language=language,
-                      emotion=emotion, event=event, itn=itn)
-    return write_sets(data_dir, sets, info)
+    return write_own_sets("audiofolder", corpus_dir, data_dir, sets, dev_speakers, **tags)
 
 
 def main() -> None:
     """Command line entry point."""
-    parser = recipe_parser(__doc__)
-    add_tag_options(parser, "whose row has none")
-    run_recipe(prepare, **tag_kwargs(parser.parse_args()))
+    own_main(prepare, __doc__, "whose row has none")
 
 
 if __name__ == "__main__":

@@ -35,8 +35,8 @@ from typing import BinaryIO
 
 from funasr_recipe.data.corpus import CorpusInfo, write_corpus_info
 from funasr_recipe.data.kaldi_table import BOM, first_field, iter_lines, open_table
-from recipes.common import CorpusLayoutError, log_set, recipe_parser, run_recipe
-from recipes.user_data import SET_NAME, TAG_DEFAULTS, VALID_NAMES, add_tag_options, tag_kwargs
+from recipes.common import CorpusLayoutError, log_set
+from recipes.user_data import SET_NAME, VALID_NAMES, own_corpus_info, own_main
 
 log = logging.getLogger(__name__)
 
@@ -196,9 +196,7 @@ def find_sets(corpus_dir: Path) -> dict[str, Path]:
     return sets
 
 
-def prepare(corpus_dir: Path, data_dir: Path, language: str = "en", emotion: str = TAG_DEFAULTS["emotion"],
-            event: str = TAG_DEFAULTS["event"], itn: str = TAG_DEFAULTS["itn"],
-            dev_speakers: int | None = None) -> CorpusInfo:
+def prepare(corpus_dir: Path, data_dir: Path, dev_speakers: int | None = None, **tags: str) -> CorpusInfo:
     """Copy (several data dirs) or split (one data dir) the user's Kaldi data into data_dir."""
     if (corpus_dir / "wav.scp").is_file():
         split_set(corpus_dir, data_dir / "train", data_dir / "dev", dev_speakers)
@@ -218,18 +216,14 @@ def prepare(corpus_dir: Path, data_dir: Path, language: str = "en", emotion: str
         for name, src in found.items():
             copy_set(src, data_dir / name)
         sets = sorted({*found, "train", valid})
-    info = CorpusInfo(corpus="kaldi", corpus_dir=str(corpus_dir.resolve()), train_set="train",
-                      valid_set=valid, test_sets=[s for s in sets if s != "train"], language=language,
-                      emotion=emotion, event=event, itn=itn)
+    info = own_corpus_info("kaldi", corpus_dir, sets, valid, **tags)
     write_corpus_info(data_dir, info)
     return info
 
 
 def main() -> None:
     """Command line entry point."""
-    parser = recipe_parser(__doc__)
-    add_tag_options(parser, "without their own (utt2lang, utt2emo, utt2event)")
-    run_recipe(prepare, **tag_kwargs(parser.parse_args()))
+    own_main(prepare, __doc__, "without their own (utt2lang, utt2emo, utt2event)")
 
 
 if __name__ == "__main__":

@@ -55,15 +55,12 @@ from lhotse.cut import CutSet, MixedCut
 from lhotse.cut.data import DataCut
 
 from funasr_recipe.data.corpus import CorpusInfo
-from recipes.common import CorpusLayoutError, Utt, recipe_parser, run_recipe, write_sets
+from recipes.common import CorpusLayoutError, Utt
 from recipes.user_data import (
-    TAG_DEFAULTS,
-    add_tag_options,
-    dev_name,
     listing,
+    own_main,
     set_names,
-    settle_dev,
-    tag_kwargs,
+    write_own_sets,
 )
 
 log = logging.getLogger(__name__)
@@ -268,9 +265,7 @@ def settle_ranges(utts: list[Utt]) -> None:
             u.start = u.end = None
 
 
-def prepare(corpus_dir: Path, data_dir: Path, language: str = "en", emotion: str = TAG_DEFAULTS["emotion"],
-            event: str = TAG_DEFAULTS["event"], itn: str = TAG_DEFAULTS["itn"],
-            dev_speakers: int | None = None) -> CorpusInfo:
+def prepare(corpus_dir: Path, data_dir: Path, dev_speakers: int | None = None, **tags: str) -> CorpusInfo:
     """Write one Kaldi data dir per set of the lhotse manifests in corpus_dir, and corpus.json."""
     splits = find_splits(corpus_dir)
     names = set_names(splits)
@@ -287,20 +282,13 @@ def prepare(corpus_dir: Path, data_dir: Path, language: str = "en", emotion: str
             sets["train"].extend(utts)
         else:
             sets[names[split]] = list(utts)
-    dev = settle_dev(sets, dev_name(set(sets) - {"train"}, prefix=True), corpus_dir, dev_speakers)
-    for utts in sets.values():
-        settle_ranges(utts)
-    info = CorpusInfo(corpus="lhotse", corpus_dir=str(corpus_dir.resolve()), train_set="train", valid_set=dev,
-                      test_sets=sorted(s for s in sets if s != "train"), language=language, emotion=emotion,
-                      event=event, itn=itn)
-    return write_sets(data_dir, sets, info)
+    return write_own_sets("lhotse", corpus_dir, data_dir, sets, dev_speakers, dev_prefix=True,
+                          each_set=settle_ranges, **tags)
 
 
 def main() -> None:
     """Command line entry point."""
-    parser = recipe_parser(__doc__)
-    add_tag_options(parser, "whose supervision has none")
-    run_recipe(prepare, **tag_kwargs(parser.parse_args()))
+    own_main(prepare, __doc__, "whose supervision has none")
 
 
 if __name__ == "__main__":
