@@ -57,7 +57,7 @@ def convert_jsonl(jsonl: Path, set_dir: Path) -> None:
     """A set given as FunASR JSONL -> a Kaldi dir, read as ``--corpus jsonl`` reads its files (every tag,
     speakers, start/end ranges kept), so a set is the same whichever option brings it."""
     from recipes.common import write_kaldi_set
-    from recipes.jsonl.prepare import read_set
+    from recipes.funasr_jsonl import read_set
 
     log.info("%s: %d lines written as the Kaldi dir %s", jsonl, write_kaldi_set(set_dir, read_set(jsonl)),
              set_dir)
