@@ -19,6 +19,7 @@ import re
 import signal
 import stat
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -209,16 +210,21 @@ def _open_range(base: str, start: float, end: float | None,
     return target, (first, last), info
 
 
-def decode_audio_bytes(data: bytes, name: str = "upload") -> tuple[np.ndarray, int]:
+def decode_audio_bytes(data: bytes, name: str = "upload",
+                       check: Callable[[AudioInfo], None] | None = None) -> tuple[np.ndarray, int]:
     """Decode an audio file held in memory (an HTTP upload) as load_audio decodes a path, after the
     checks probe_audio makes, so that a cut-off upload is refused rather than transcribed in part.
+    ``check`` judges the header before anything is decoded (a duration or rate limit: a small FLAC
+    of an hour of silence decodes to gigabytes) and raises AudioError to refuse.
 
     Raises AudioError: empty_file (0 bytes), unreadable_audio, truncated_audio, empty_audio.
     """
     if not data:
         raise AudioError("empty_file", f"{name}: 0 bytes")
     try:
-        _probe(io.BytesIO(data), name)
+        info = _probe(io.BytesIO(data), name)
+        if check is not None:
+            check(info)
         return _read(io.BytesIO(data), name)
     except AudioError as e:  # libsndfile names the buffer "<_io.BytesIO object at 0x...>": name the upload
         raise AudioError(e.reason, _BUFFER.sub(name, e.detail)) from None

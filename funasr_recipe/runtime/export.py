@@ -42,6 +42,7 @@ from funasr_recipe.core.env import versions
 from funasr_recipe.families.registry import PARAFORMER, family_spec
 from funasr_recipe.features.cmvn import write_am_mvn
 from funasr_recipe.model.tokenizer import model_file_name
+from funasr_recipe.runtime.onnx_asr import served_name
 
 log = logging.getLogger(__name__)
 OPSET = 14  # funasr's default
@@ -126,7 +127,8 @@ def write_runtime_files(model_dir: Path, automodel: Any, out: Path) -> list[Path
 def write_export_info(out: Path, family: str, model_dir: Path, files: list[Path], seconds: float) -> None:
     """export.json: what was exported from where, the files' sizes, how long it took, the versions."""
     (out / "export.json").write_text(json.dumps({
-        "family": family, "model_dir": str(model_dir.resolve()), "opset": OPSET,
+        "family": family, "name": served_name(model_dir), "model_dir": str(model_dir.resolve()),
+        "opset": OPSET,
         "quantization": "onnxruntime quantize_dynamic: MatMul weights, per channel, QUInt8 (funasr's)",
         "files": {f.name: f.stat().st_size for f in files}, "export_seconds": round(seconds, 1),
         "versions": versions("torch", "funasr", "onnx", "onnxruntime", "funasr-onnx")}, indent=2) + "\n",

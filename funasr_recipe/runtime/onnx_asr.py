@@ -64,6 +64,16 @@ def torch_threads(n: int) -> Iterator[None]:
             torch.set_num_threads(before)
 
 
+def export_name(export_dir: Path) -> str:
+    """The name in an export's metadata (export.json's ``name``, or for an export older than it, its
+    ``model_dir``'s), else the export dir's own name."""
+    meta = export_dir / "export.json"
+    info = json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else {}
+    if info.get("name"):
+        return info["name"]
+    return served_name(Path(info["model_dir"])) if info.get("model_dir") else export_dir.resolve().name
+
+
 def export_family(export_dir: Path, config: dict | None = None) -> str:
     """The family of an export dir: export.json's, else config.yaml's ``model``."""
     meta = export_dir / "export.json"
@@ -73,6 +83,14 @@ def export_family(export_dir: Path, config: dict | None = None) -> str:
         config = config or yaml.safe_load((export_dir / "config.yaml").read_text(encoding="utf-8"))
         family = config.get("model")
     return family_spec(family, str(export_dir)).name
+
+
+def served_name(model_dir: Path) -> str:
+    """The model's name for the services that run its export (export.json's ``name``): its experiment's
+    tag (exp/<tag>/final), else the model dir's own name; the export dir may be copied anywhere and
+    keep it."""
+    model_dir = model_dir.resolve()
+    return model_dir.parent.name if model_dir.name == "final" else model_dir.name
 
 
 @dataclass

@@ -7,19 +7,24 @@ Reads  an export dir through OnnxASR (stage 4's exp/<tag>/export or a package's 
   POST /v1/transcriptions        multipart: file, language (auto|zh|en|yue|ja|ko|nospeech), itn
                                  -> JSON: text, language, emotion, event, tokens (start/end s),
                                  segments, duration, processing_time
-  POST /v1/audio/transcriptions  OpenAI's form: file, model, language, response_format
-                                 (json|text|srt|vtt|verbose_json)
+  POST /v1/audio/transcriptions  OpenAI's form (serving/openai_api.py); GET /v1/models
   GET  /  /health  /metrics      the page, liveness + model, Prometheus metrics
 
-Audio of any rate and channel count that soundfile reads is downmixed and resampled with the training
-resampler; audio over ``segment_s`` is split at pauses (serving/segmenter.py) and its pieces decoded
-together. Bad input is a 4xx naming the reason, a full queue a 503 with Retry-After.
+With API keys configured, every route but /health and the page needs ``Authorization: Bearer <key>``
+(serving/guard.py). Limits hold before the work they guard: the declared size before the body is
+read, the streamed size while it is (FastAPI's max_body_size), the rate and duration from the header
+before decoding (serving/upload.py). Audio of any rate and channel count is downmixed and resampled
+with the training resampler; audio over ``segment_s`` is split at pauses (serving/segmenter.py) and
+its pieces decoded together; a piece of digital silence is not decoded (a CTC model trained on
+speech hallucinates a word on it). Every refusal is a 4xx/5xx in OpenAI's error shape, counted by
+reason (serving/errors.py); a full queue is a 503 with Retry-After.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter as Tally
 from contextlib import asynccontextmanager
@@ -29,28 +34,38 @@ from typing import Annotated
 
 import numpy as np
 import torch
-from fastapi import FastAPI, File, Form, HTTPException, Request, UploadFile
+from fastapi import FastAPI, File, Form, UploadFile
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.responses import FileResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from funasr_recipe.features.audio import AudioError, decode_audio_bytes
+from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.features.audio import AudioError
 from funasr_recipe.features.fbank import mono_at_rate
-from funasr_recipe.runtime.onnx_asr import OnnxASR
-from funasr_recipe.serving import formats
+from funasr_recipe.runtime.onnx_asr import OnnxASR, export_name
+from funasr_recipe.serving import errors, openai_api
 from funasr_recipe.serving.batcher import DynamicBatcher, QueueFull
 from funasr_recipe.serving.engine import Engine, Piece, PieceResult
+from funasr_recipe.serving.errors import Refused
+from funasr_recipe.serving.guard import Guard
 from funasr_recipe.serving.metrics import ServeMetrics
 from funasr_recipe.serving.segmenter import split_at_pauses
+from funasr_recipe.serving.upload import read_upload
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"  # the web page: index.html, style.css, app.js
 PAGE = STATIC / "index.html"
-# The status of each refusal of funasr_recipe.features.audio's reasons.
-AUDIO_STATUS = {"empty_file": 400, "unreadable_audio": 415, "truncated_audio": 400, "empty_audio": 400}
+# The status of each refusal of serving/upload.py's reasons.
+AUDIO_STATUS = {"empty_file": 400, "unreadable_audio": 415, "truncated_audio": 400, "empty_audio": 400,
+                "bad_sample_rate": 400, "too_long": 413, "non_finite_audio": 400}
 AUDIO_MESSAGE = {"empty_file": "empty upload", "unreadable_audio": "not an audio file that can be read",
-                 "truncated_audio": "truncated audio file", "empty_audio": "zero-length audio"}
+                 "truncated_audio": "truncated audio file", "empty_audio": "zero-length audio",
+                 "bad_sample_rate": "implausible sample rate", "too_long": "too long",
+                 "non_finite_audio": "samples that are not numbers"}
 FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the other fields, beside the file itself
+# A piece whose loudest sample is below this (-80 dBFS; a 16-bit file's least step is -90) holds no
+# sound to transcribe: digital silence, or a muted microphone.
+SILENT_PEAK = 1e-4
 
 
 @dataclass
@@ -62,23 +77,31 @@ class ServeSettings:
     max_duration_s: float = 600.0  # of audio per request
     segment_s: float = 30.0  # longer audio is split at pauses into pieces of at most this
     retry_after_s: int = 1  # Retry-After of a 503
+    header_timeout_s: float = 10.0  # a request's headers must all arrive within this of its start
+    read_timeout_s: float = 30.0  # the longest wait for the next piece of a body
+    body_timeout_s: float = 300.0  # the whole body (25 MB at 0.7 Mb/s)
+    max_connections: int = 512  # open connections; more are closed at once
+
+    def check(self) -> None:
+        """Refuse settings that cannot work (BadInputError), before the port opens."""
+        if self.segment_s <= 0 or self.max_duration_s <= 0:
+            raise BadInputError("--segment-s and --max-duration-s must be positive")
+        pieces = math.ceil(self.max_duration_s / self.segment_s)
+        if pieces > self.queue_size:
+            # Such a request could never enter the queue: a 503 "retry later" for ever.
+            raise BadInputError(f"--max-duration-s {self.max_duration_s:g} in pieces of --segment-s "
+                                f"{self.segment_s:g} is {pieces} pieces, more than --queue-size "
+                                f"{self.queue_size}: raise --queue-size to {pieces} or --segment-s to "
+                                f"{self.max_duration_s / self.queue_size:g}")
 
 
-class Refused(HTTPException):
-    """A request refused for a reason that is counted in the metrics."""
-
-    def __init__(self, status: int, reason: str, detail: str, headers: dict | None = None) -> None:
-        super().__init__(status, detail, headers)
-        self.reason = reason
-
-
-def create_app(asr: OnnxASR, settings: ServeSettings | None = None, model_name: str | None = None) -> FastAPI:
+def create_app(asr: OnnxASR, settings: ServeSettings | None = None, model_name: str | None = None,
+               api_keys: tuple[bytes, ...] = ()) -> FastAPI:
     """The app over a loaded runtime (the model is loaded before the port opens)."""
     settings = settings or ServeSettings()
+    settings.check()
     engine = Engine(asr)
-    # exp/<tag>/export and <package>/onnx are named by the dir above them.
-    named = asr.dir.resolve()
-    name = model_name or (named.parent.name if named.name in ("export", "onnx") else named.name)
+    name = model_name or export_name(asr.dir)
     batcher_box: list[DynamicBatcher] = []
     metrics = ServeMetrics(lambda: batcher_box[0].depth if batcher_box else 0)
     # One torch thread in the worker: onnxruntime has the cores (runtime/onnx_asr.py says why).
@@ -92,46 +115,27 @@ def create_app(asr: OnnxASR, settings: ServeSettings | None = None, model_name: 
         yield
         batcher.close()
 
-    app = FastAPI(title="funasr-recipe ASR", lifespan=lifespan,
-                  description=f"{engine.family} ({asr.model_file.name}) from {asr.dir}")
+    # No /docs: Swagger UI loads from a CDN, which a service off the internet cannot reach; the schema
+    # stays at /openapi.json, naming the model's family, not its path on this machine.
+    app = FastAPI(title="funasr-recipe ASR", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  description=f"{engine.family} speech recognition")
     app.state.batcher, app.state.metrics, app.state.engine = batcher, metrics, engine
+    app.state.model_name, app.state.settings = name, settings
+    errors.install(app, metrics)
+    app.add_middleware(Guard, metrics=metrics, keys=api_keys, max_body=limit + FORM_OVERHEAD,
+                       body_timeout_s=settings.body_timeout_s, read_timeout_s=settings.read_timeout_s)
 
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        start = time.perf_counter()
-        length = request.headers.get("content-length")
-        if request.method == "POST" and length and length.isdigit() and int(length) > limit + FORM_OVERHEAD:
-            metrics.errors.labels("too_large").inc()
-            response: Response = JSONResponse(
-                {"detail": f"upload of {int(length)} bytes is over the limit of {limit} bytes"}, 413)
-        else:
-            response = await call_next(request)
-        path = request.url.path
-        if path.startswith("/v1/"):
-            metrics.requests.labels(path, str(response.status_code)).inc()
-            metrics.latency.labels(path).observe(time.perf_counter() - start)
-        return response
-
-    @app.exception_handler(Refused)
-    async def refused(_: Request, e: Refused) -> JSONResponse:
-        metrics.errors.labels(e.reason).inc()
-        if e.status_code >= 500:
-            log.warning("refused: %s", e.detail)
-        return JSONResponse({"detail": e.detail}, e.status_code, headers=e.headers)
-
-    async def prepare(file: UploadFile, max_s: float) -> tuple[np.ndarray, int, np.ndarray, list]:
+    async def prepare(file: UploadFile) -> tuple[np.ndarray, int, np.ndarray, list]:
         """(audio as uploaded, its rate, mono at the model's rate, pieces' sample ranges); Refused."""
         data = await file.read(limit + 1)
         if len(data) > limit:
             raise Refused(413, "too_large", f"upload over the limit of {limit} bytes")
         try:
-            wave, rate = await run_in_threadpool(decode_audio_bytes, data, file.filename or "upload")
+            wave, rate = await run_in_threadpool(read_upload, data, file.filename or "upload",
+                                                 settings.max_duration_s)
         except AudioError as e:
             raise Refused(AUDIO_STATUS.get(e.reason, 400), e.reason,
-                          f"{AUDIO_MESSAGE.get(e.reason, e.reason)}: {e.detail}") from None
-        if wave.shape[0] / rate > max_s:
-            raise Refused(413, "too_long", f"{wave.shape[0] / rate:.1f} s of audio is over the limit of "
-                          f"{max_s:g} s")
+                          f"{AUDIO_MESSAGE.get(e.reason, e.reason)}: {e.detail}", param="file") from None
         mono = await run_in_threadpool(mono_at_rate, wave, rate, engine.fs)
         return wave, rate, mono, split_at_pauses(mono, engine.fs, settings.segment_s)
 
@@ -140,18 +144,25 @@ def create_app(asr: OnnxASR, settings: ServeSettings | None = None, model_name: 
         language = (language or "auto").strip().lower()
         if language not in engine.languages:
             raise Refused(400, "unknown_language", f"unknown language {language!r}: this model "
-                          f"({engine.family}) takes {', '.join(engine.languages)}")
+                          f"({engine.family}) takes {', '.join(engine.languages)}", param="language")
         with batcher.expect():
-            wave, rate, mono, ranges = await prepare(file, settings.max_duration_s)
+            wave, rate, mono, ranges = await prepare(file)
             textnorm = "withitn" if itn else "woitn"
             pieces = [Piece(mono[a:b], a / engine.fs, language, textnorm) for a, b in ranges]
+            sound = [i for i, p in enumerate(pieces) if p.samples and np.abs(p.wave).max() >= SILENT_PEAK]
+            if len(sound) > settings.queue_size:  # it could never enter the queue: not a "retry later"
+                raise Refused(413, "too_many_pieces", f"{len(sound)} pieces of at most {settings.segment_s:g}"
+                              f" s are more than the queue holds ({settings.queue_size})")
             try:
-                future = batcher.submit(pieces)
+                future = batcher.submit([pieces[i] for i in sound])
             except QueueFull as e:
                 raise Refused(503, "queue_full", f"busy: {e}; retry later",
                               {"Retry-After": str(settings.retry_after_s)}) from None
         duration = wave.shape[0] / rate
-        results: list[PieceResult] = await asyncio.wrap_future(future)
+        decoded: list[PieceResult] = await asyncio.wrap_future(future)
+        results = [PieceResult("") for _ in pieces]
+        for i, result in zip(sound, decoded, strict=True):
+            results[i] = result
         metrics.audio_seconds.inc(duration)
         return answer(results, ranges, engine.fs, duration, rate, wave.shape[1], itn,
                       time.perf_counter() - start)
@@ -161,32 +172,13 @@ def create_app(asr: OnnxASR, settings: ServeSettings | None = None, model_name: 
                              itn: Annotated[bool, Form()] = False) -> dict:
         return await transcribe(file, language, itn)
 
-    @app.post("/v1/audio/transcriptions", response_model=None)
-    async def openai_transcriptions(file: Annotated[UploadFile, File()], model: Annotated[str, Form()] = name,
-                                    language: Annotated[str | None, Form()] = None,
-                                    response_format: Annotated[str, Form()] = "json",
-                                    prompt: Annotated[str | None, Form()] = None,
-                                    temperature: Annotated[float, Form()] = 0.0) -> Response | dict:
-        # prompt and temperature are accepted for OpenAI clients' sake; greedy CTC uses neither.
-        if response_format not in formats.FORMATS:
-            raise Refused(400, "bad_format", f"response_format {response_format!r}: one of "
-                          f"{', '.join(formats.FORMATS)}")
-        result = await transcribe(file, language or "auto", False)
-        if response_format == "json":
-            return {"text": result["text"]}
-        if response_format == "verbose_json":
-            return {"task": "transcribe", "language": result["language"], "duration": result["duration"],
-                    "text": result["text"], "model": model,
-                    "segments": [{"id": i, **s} for i, s in enumerate(result["segments"])]}
-        body = {"text": result["text"] + "\n", "srt": formats.srt(result), "vtt": formats.vtt(result)}
-        media = "text/vtt" if response_format == "vtt" else "text/plain"
-        return PlainTextResponse(body[response_format], media_type=media)
+    openai_api.add_routes(app, transcribe, name, asr.model_file, engine.spec.ctc)
 
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "model": name, "family": engine.family, "file": asr.model_file.name,
                 "sample_rate": engine.fs, "languages": list(engine.languages), "queue_depth": batcher.depth,
-                "settings": asdict(settings)}
+                "auth": "bearer" if api_keys else None, "settings": asdict(settings)}
 
     @app.get("/metrics")
     async def prometheus() -> Response:

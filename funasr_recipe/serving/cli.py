@@ -25,8 +25,11 @@ from funasr_recipe.core.env import available_cores
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.runtime.onnx_asr import OnnxASR
 from funasr_recipe.serving.app import ServeSettings, create_app
+from funasr_recipe.serving.guard import API_KEY_ENV, API_KEY_FILE_ENV, load_api_keys
+from funasr_recipe.serving.protocol import guarded_protocol
 
 log = logging.getLogger(__name__)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -39,17 +42,28 @@ def serve(args: argparse.Namespace) -> int:
                       "--stop-stage 4 first) or a package's onnx/", args.model_dir, name)
             return EXIT_BAD_INPUT
     settings = ServeSettings(**{f.name: getattr(args, f.name) for f in fields(ServeSettings)})
+    settings.check()  # before the model loads: a bad combination is refused in a second
+    keys = load_api_keys(args.api_key_file)
+    if not keys and args.host not in LOOPBACK:
+        log.warning("serving on %s without an API key: anyone who reaches the port can use it "
+                    "(--api-key-file FILE, or $%s)", args.host, API_KEY_ENV)
     asr = OnnxASR(args.model_dir, quantize=int8, threads=args.threads)
-    app = create_app(asr, settings, args.name)
-    log.info("serving %s (%s, %s) on http://%s:%d: max batch %d, max wait %g ms, queue %d",
+    app = create_app(asr, settings, args.name, keys)
+    log.info("serving %s (%s, %s) on http://%s:%d: max batch %d, max wait %g ms, queue %d, %s",
              args.model_dir, asr.family, asr.model_file.name, args.host, args.port, settings.max_batch,
-             settings.max_wait_ms, settings.queue_size)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10)
+             settings.max_wait_ms, settings.queue_size,
+             f"{len(keys)} API key(s)" if keys else "no API key")
+    errors = app.state.metrics.errors
+    http = guarded_protocol(settings.header_timeout_s, settings.max_connections,
+                            lambda reason: errors.labels(reason).inc())
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10,
+                http=http, timeout_keep_alive=5)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+    # No abbreviations: "--api-key KEY" must be an error, not --api-key-file naming a file "KEY".
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, required=True,
                         help="export dir (stage 4) or a package's onnx/")
@@ -58,8 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
                         help="fp32: model.onnx; int8: model_quant.onnx")
     parser.add_argument("--threads", type=int, default=available_cores(), help="onnxruntime threads")
-    parser.add_argument("--name", default=None, help="model name in /health and OpenAI answers "
-                        "(default: the dir's name)")
+    parser.add_argument("--name", default=None, help="model name in /health, /v1/models and OpenAI "
+                        "answers (default: export.json's name, the experiment's tag)")
+    parser.add_argument("--api-key-file", type=Path, default=None,
+                        help=f"file of accepted API keys, one per line; clients send 'Authorization: Bearer "
+                        f"<key>'. Else ${API_KEY_ENV} (the key) or ${API_KEY_FILE_ENV} (a file); never the "
+                        "key itself on the command line, where ps shows it")
     defaults = ServeSettings()
     for f in fields(ServeSettings):  # every setting an option, its comment in ServeSettings
         value = getattr(defaults, f.name)

@@ -135,15 +135,24 @@ def test_openai_form_and_formats(client: TestClient, asr: OnnxASR, dev: list[str
     assert chosen is not None, f"the fixture's model transcribes none of {dev[:10]}"
     data, text = Path(dev[chosen]).read_bytes(), texts[chosen]
     url = "/v1/audio/transcriptions"
-    assert post(client, data, url=url, model="whisper-1").json() == {"text": text}
-    assert post(client, data, url=url, response_format="text").text == text + "\n"
-    srt = post(client, data, url=url, response_format="srt").text
+    model = client.get("/v1/models").json()["data"][0]["id"]
+    assert model == "exp_ds"  # the experiment's tag, from export.json
+    assert post(client, data, url=url, model=model).json() == {"text": text}
+    assert post(client, data, url=url, model=model, response_format="text").text == text + "\n"
+    srt = post(client, data, url=url, model=model, response_format="srt").text
     assert srt.startswith("1\n00:00:00,000 --> 00:00:00,") and srt.rstrip().endswith(text)
-    vtt = post(client, data, url=url, response_format="vtt")
+    vtt = post(client, data, url=url, model=model, response_format="vtt")
     assert vtt.headers["content-type"].startswith("text/vtt") and vtt.text.startswith("WEBVTT\n\n")
-    verbose = post(client, data, url=url, response_format="verbose_json", language="en").json()
-    assert verbose["text"] == text and verbose["segments"][0]["id"] == 0 and verbose["language"] == "en"
-    assert post(client, data, url=url, response_format="docx").status_code == 400
+    verbose = post(client, data, url=url, model=model, response_format="verbose_json", language="en",
+                   **{"timestamp_granularities[]": "word"}).json()
+    assert verbose["text"] == text and verbose["language"] == "en"
+    # The words' times are the tokens' (the same greedy CTC path as /v1/transcriptions gives).
+    tokens = post(client, data).json()["tokens"]
+    assert verbose["words"] and verbose["words"][0]["start"] == tokens[0]["start"]
+    assert " ".join(w["word"] for w in verbose["words"]).replace(" ", "") == \
+        "".join(t["token"] for t in tokens).replace("▁", "")
+    assert post(client, data, url=url, model=model, response_format="docx").status_code == 400
+    assert post(client, data, url=url, model="whisper-1").status_code == 404
 
 
 def test_bad_input_gets_a_4xx_with_the_reason(client: TestClient, dev: list[str]) -> None:
@@ -159,10 +168,11 @@ def test_bad_input_gets_a_4xx_with_the_reason(client: TestClient, dev: list[str]
     ]
     for data, status, reason in cases:
         r = post(client, data)
-        assert r.status_code == status and reason in r.json()["detail"], (status, r.text)
+        assert r.status_code == status and reason in r.json()["error"]["message"], (status, r.text)
     r = post(client, good, language="klingon")
-    assert r.status_code == 400 and "unknown language 'klingon'" in r.json()["detail"]
-    assert client.post("/v1/transcriptions", data={"language": "en"}).status_code == 422  # no file
+    assert r.status_code == 400 and "unknown language 'klingon'" in r.json()["error"]["message"]
+    no_file = client.post("/v1/transcriptions", data={"language": "en"})
+    assert no_file.status_code == 400 and no_file.json()["error"]["param"] == "file"
     assert post(client, good).status_code == 200  # and the service goes on
     metrics = client.get("/metrics").text
     for reason in ("empty_file", "unreadable_audio", "truncated_audio", "empty_audio", "too_long",
@@ -171,7 +181,8 @@ def test_bad_input_gets_a_4xx_with_the_reason(client: TestClient, dev: list[str]
 
 
 def test_concurrent_requests_are_batched_and_a_full_queue_is_a_503(asr: OnnxASR, dev: list[str]) -> None:
-    app = create_app(asr, ServeSettings(max_batch=4, max_wait_ms=50, queue_size=4))
+    app = create_app(asr, ServeSettings(max_batch=4, max_wait_ms=50, queue_size=4, max_duration_s=40,
+                                        segment_s=10))
     data = [Path(p).read_bytes() for p in dev[:8]]
     with serving(app) as url, httpx.Client(base_url=url, timeout=30) as http:
         with ThreadPoolExecutor(8) as pool:
@@ -199,7 +210,7 @@ def test_concurrent_requests_are_batched_and_a_full_queue_is_a_503(asr: OnnxASR,
         accepted = sum(r.status_code == 200 for r in answers)
         assert 5 <= accepted <= 8 and len(refused) == 12 - accepted
         assert len(refused) >= 4 and all(r.headers["retry-after"] == "1" for r in refused)
-        assert all("busy" in r.json()["detail"] for r in refused)
+        assert all("busy" in r.json()["error"]["message"] for r in refused)
         assert 'recipe_serve_errors_total{reason="queue_full"}' in http.get("/metrics").text
 
 

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -14,10 +15,11 @@ from tests.helpers.train_fixtures import free_port
 
 
 @contextmanager
-def serving(app: FastAPI, timeout: float = 30.0) -> Iterator[str]:
-    """``app`` served on a free 127.0.0.1 port for the block; yields its base URL."""
+def serving(app: FastAPI, timeout: float = 30.0, **config: Any) -> Iterator[str]:
+    """``app`` served on a free 127.0.0.1 port for the block (``config``: more of uvicorn.Config's
+    options); yields its base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
