@@ -4,70 +4,40 @@ const $ = (id) => document.getElementById(id);
 const state = { audio: null, decoded: null, buffer: null, env: null, tokens: [], duration: 0, hot: -1,
                 rec: null, stopAt: 0 };
 
-// ---------- audio in the browser: decode for drawing, record to WAV ----------
+// ---------- audio in the browser: decode for drawing, record ----------
 async function decode(blob) {
   // An offline context opens no audio device; 16 kHz is plenty for a picture of the wave.
   const ctx = new OfflineAudioContext(1, 1, 16000);
   try { return await ctx.decodeAudioData(await blob.arrayBuffer()); } catch (e) { return null; }
 }
 
-function encodeWav(chunks, rate) {
-  const n = chunks.reduce((s, c) => s + c.length, 0);
-  const view = new DataView(new ArrayBuffer(44 + 2 * n));
-  const str = (o, s) => { for (let i = 0; i < s.length; i++) view.setUint8(o + i, s.charCodeAt(i)); };
-  str(0, "RIFF"); view.setUint32(4, 36 + 2 * n, true); str(8, "WAVE"); str(12, "fmt ");
-  view.setUint32(16, 16, true); view.setUint16(20, 1, true); view.setUint16(22, 1, true);
-  view.setUint32(24, rate, true); view.setUint32(28, 2 * rate, true); view.setUint16(32, 2, true);
-  view.setUint16(34, 16, true); str(36, "data"); view.setUint32(40, 2 * n, true);
-  let o = 44;
-  for (const c of chunks) for (let i = 0; i < c.length; i++, o += 2) {
-    const v = Math.max(-1, Math.min(1, c[i]));
-    view.setInt16(o, v < 0 ? v * 0x8000 : v * 0x7fff, true);
-  }
-  return new Blob([view], { type: "audio/wav" });
-}
-
-// The worklet copies each 128-sample block of the first channel to the page.
-const WORKLET = `registerProcessor("tap", class extends AudioWorkletProcessor {
-  process(inputs) { const ch = inputs[0][0]; if (ch) this.port.postMessage(ch.slice(0)); return true; } });`;
-
+// Recording in the browser's own format, as a phone or a web app would send it: MediaRecorder writes
+// WebM/Opus in Chrome and Firefox, MP4/AAC in Safari; the server decodes both (serving/upload.py).
 async function startRecording() {
   const stream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1,
     echoCancellation: false, noiseSuppression: false, autoGainControl: false } });
-  const ctx = new AudioContext();
-  const source = ctx.createMediaStreamSource(stream);
+  const recorder = new MediaRecorder(stream);
   const chunks = [];
-  let node;
-  if (ctx.audioWorklet) {
-    const url = URL.createObjectURL(new Blob([WORKLET], { type: "text/javascript" }));
-    await ctx.audioWorklet.addModule(url);
-    URL.revokeObjectURL(url);
-    node = new AudioWorkletNode(ctx, "tap");
-    node.port.onmessage = (e) => chunks.push(e.data);
-  } else {  // older browsers: the deprecated ScriptProcessor does the same on the main thread
-    node = ctx.createScriptProcessor(4096, 1, 1);
-    node.onaudioprocess = (e) => chunks.push(new Float32Array(e.inputBuffer.getChannelData(0)));
-  }
-  // Muted path to the output: a node that reaches no destination may not be pulled, so never records.
-  const mute = ctx.createGain();
-  mute.gain.value = 0;
-  source.connect(node).connect(mute).connect(ctx.destination);
+  recorder.ondataavailable = (e) => { if (e.data.size) chunks.push(e.data); };
+  const stopped = new Promise((resolve) => { recorder.onstop = resolve; });
+  recorder.start();
   const started = performance.now();
   const timer = setInterval(() => {
     $("rec-time").textContent = `● ${((performance.now() - started) / 1000).toFixed(1)} s`;
   }, 100);
-  return { stream, ctx, chunks, timer };
+  return { stream, recorder, chunks, stopped, started, timer };
 }
 
 async function stopRecording(rec) {
   clearInterval(rec.timer);
+  rec.recorder.stop();
+  await rec.stopped;
   rec.stream.getTracks().forEach((t) => t.stop());
-  const rate = rec.ctx.sampleRate;
-  await rec.ctx.close();
-  const wav = encodeWav(rec.chunks, rate);
-  const seconds = rec.chunks.reduce((s, c) => s + c.length, 0) / rate;
+  const type = rec.recorder.mimeType || "audio/webm";
+  const ext = type.includes("mp4") ? "m4a" : type.includes("ogg") ? "ogg" : "webm";
+  const seconds = (performance.now() - rec.started) / 1000;
   $("rec-time").textContent = `${seconds.toFixed(1)} s recorded`;
-  return new File([wav], "recording.wav", { type: "audio/wav" });
+  return new File(rec.chunks, `recording.${ext}`, { type });
 }
 
 function setAudio(blob) {
@@ -208,11 +178,10 @@ function showError(message) {
   $("error").hidden = false;
 }
 
-// FastAPI's detail is a string for our own errors, a list of {loc, msg} for a rejected form.
+// Every refusal is OpenAI's error shape: {error: {message, type, code, param}}.
 function detailText(body, status) {
-  const d = body && body.detail;
-  if (typeof d === "string") return d;
-  if (Array.isArray(d)) return d.map((e) => (e.loc ? `${e.loc.join(".")}: ` : "") + e.msg).join("; ");
+  const e = body && body.error;
+  if (e && typeof e.message === "string") return e.message;
   return `HTTP ${status}`;
 }
 
@@ -228,7 +197,9 @@ async function transcribe(ev) {
   $("result").dataset.state = "busy";
   $("status").textContent = "Transcribing…";
   try {
-    const res = await fetch("v1/transcriptions", { method: "POST", body: form });
+    const key = $("api-key").value.trim();  // never stored: typed for this page's life only
+    const headers = key ? { Authorization: `Bearer ${key}` } : {};
+    const res = await fetch("v1/transcriptions", { method: "POST", body: form, headers });
     const body = await res.json().catch(() => null);
     if (res.ok && body) {
       await state.decoded;  // the spans go on this file's wave, not on the previous one's time axis
@@ -296,6 +267,7 @@ fetch("health").then((r) => r.json().then((b) => [r.ok, b])).then(([ok, b]) => {
     for (const opt of [...$("language").options]) if (!b.languages.includes(opt.value)) opt.remove();
     $("language").disabled = $("language").options.length < 2;
   }
+  $("key-field").hidden = b.auth !== "bearer";  // the server asks for a key: offer the field
   el.textContent = ok && b.status === "ok" ? `Ready · ${b.model || "model"}${about ? ` (${about})` : ""}`
     : `Server: ${b.status || "not ready"}`;
 }).catch(() => { $("health").dataset.state = "down"; $("health").textContent = "Server unreachable"; });
