@@ -195,8 +195,12 @@ def usage_section(c: CardInputs) -> list[str]:
     fs = int((c.train_config.get("frontend_conf") or {}).get("fs", 16000))
     return [
         "## How to run it", "", "Commands run from the package's top directory.", "",
+        "Install the runtime's dependencies, every version pinned to the ones the recipe tested, in an "
+        "environment of their own (Python 3.11):", "",
+        "```bash", "python3.11 -m venv .venv && .venv/bin/pip install -r runtime/requirements.txt",
+        "source .venv/bin/activate", "```", "",
         "With the recipe's runtime (`runtime/`: audio read with soundfile, the PyTorch frontend's exact "
-        "fbank, threads from the cores available; `runtime/requirements.txt`):", "",
+        "fbank, threads from the cores available):", "",
         "```bash",
         "PYTHONPATH=runtime python -m funasr_recipe.runtime.transcribe onnx a.wav b.wav [--int8] \\",
         "    [--batch-size 8] [--threads N]",
@@ -207,7 +211,11 @@ def usage_section(c: CardInputs) -> list[str]:
         "PYTHONPATH=runtime python -m funasr_recipe.serving.cli --model-dir onnx [--port 8000] "
         "[--precision int8]",
         "curl -F file=@a.wav http://127.0.0.1:8000/v1/transcriptions",
-        "```", "", *funasr_onnx_usage(c.family, fs), *sherpa_onnx_usage(c, fs),
+        "```", "",
+        "Beyond 127.0.0.1, give it API keys (`--api-key-file FILE`, one per line, or $RECIPE_API_KEY_FILE; "
+        "clients send `Authorization: Bearer <key>`) and a TLS proxy in front. `deploy/Containerfile` "
+        "(`docker build -t asr -f deploy/Containerfile .`) and `deploy/asr.service` (systemd) are examples "
+        "that do both.", "", *funasr_onnx_usage(c.family, fs), *sherpa_onnx_usage(c, fs),
         *triton_section(c),
         "With TensorRT: `./build_trt.sh [engine.plan]` runs trtexec --fp16 with the profile min/opt/max "
         f"`{c.trt['min']}` / `{c.trt['opt']}` / `{c.trt['max']}` (speech of {c.trt['seconds'][0]:g} s / "

@@ -46,6 +46,7 @@ from funasr_recipe.core.imports import imported_modules, local_closure, third_pa
 from funasr_recipe.core.jsonl import iter_jsonl
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.packaging.model_card import CardInputs, read_json, render
+from funasr_recipe.packaging.requirements import normalized, pinned, read_pins
 from funasr_recipe.packaging.triton_ensemble import PYTHON_MODEL, write_repositories
 from funasr_recipe.packaging.triton_repo import build_trt_script, model_frames, onnx_io, trt_shapes
 from funasr_recipe.runtime.onnx_asr import export_family
@@ -56,6 +57,9 @@ PACKAGE = "funasr_recipe"
 RUNTIME_ENTRY = "funasr_recipe.runtime.transcribe"  # the runtime's command line; it imports the rest
 SERVER_ENTRY = "funasr_recipe.serving.cli"  # the HTTP service's command line (stage 6)
 SERVER_STATIC = Path("funasr_recipe/serving/static")  # the web page: read by the service, imported by nothing
+DEPLOY_DIR = Path("funasr_recipe/packaging/deploy")  # examples of running the package's service
+DEPLOY = {"Containerfile": "a container image of the HTTP service (docker/podman build)",
+          "asr.service": "a systemd unit of the HTTP service"}
 # FastAPI parses multipart uploads with python-multipart, which nothing imports by that name.
 UNIMPORTED_REQUIREMENTS = ("python-multipart",)
 MIN_SECONDS = 0.1  # shortest speech in the TensorRT profile
@@ -111,21 +115,15 @@ def runtime_files() -> list[Path]:
     return sorted(modules | {p.relative_to(ROOT) for p in (ROOT / SERVER_STATIC).iterdir() if p.is_file()})
 
 
-def _normalized(name: str) -> str:
-    """A distribution's name as PEP 503 compares them (funasr_onnx = funasr-onnx = Funasr.ONNX)."""
-    return re.sub(r"[-_.]+", "-", name.strip().lower())
-
-
 def runtime_requirements(files: list[Path]) -> list[str]:
-    """``name==version`` of every distribution the runtime files import, at the recipe's tested pins."""
-    pins = {}
-    for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines():
-        name, _, ver = line.partition("==")
-        pins[_normalized(name)] = ver.strip()
+    """``name==version`` of every distribution the runtime files import and of everything those
+    require, at the recipe's tested pins (packaging/requirements.py)."""
+    pins = read_pins(ROOT / "constraints.txt")
     distributions = metadata.packages_distributions()
-    names = sorted({d for module in third_party([ROOT / f for f in files if f.suffix == ".py"], PACKAGE)
-                    for d in distributions.get(module, [module])} | set(UNIMPORTED_REQUIREMENTS))
-    return [f"{n}=={pins[_normalized(n)]}" for n in names if _normalized(n) in pins]
+    names = {d for module in third_party([ROOT / f for f in files if f.suffix == ".py"], PACKAGE)
+             for d in distributions.get(module, [module])} | set(UNIMPORTED_REQUIREMENTS)
+    # Modules no distribution here provides (Triton's python backend brings its own) are not pinned.
+    return pinned(sorted(n for n in names if normalized(n) in pins), ROOT / "constraints.txt")
 
 
 def write_runtime(pkg: Path) -> list[Path]:
@@ -183,6 +181,7 @@ def build_package(exp_dir: Path, data_jsonl: Path, model_dir: Path, max_batch: i
     triton, triton_files = write_repositories(pkg, tag, family, max_batch)
     trt = write_trt(pkg, data_jsonl, max_batch, max_seconds)
     runtime = write_runtime(pkg)
+    (pkg / "deploy").mkdir(exist_ok=True)
     copies = {"RESULTS.md": "RESULTS.md", "benchmark.md": "benchmark.md", "benchmark.json": "benchmark.json",
               "config.yaml": "train_config.yaml"}
     for src, dst in copies.items():
@@ -202,7 +201,10 @@ def build_package(exp_dir: Path, data_jsonl: Path, model_dir: Path, max_batch: i
     files.update(triton_files)
     files["build_trt.sh"] = "builds a TensorRT fp16 engine with trtexec"
     files.update({f"runtime/{f}": "the recipe's ONNX runtime" for f in runtime})
-    files["runtime/requirements.txt"] = "the runtime's tested package versions"
+    files["runtime/requirements.txt"] = "the runtime's tested package versions, every one pinned"
+    for name, what in DEPLOY.items():
+        shutil.copyfile(ROOT / DEPLOY_DIR / name, pkg / "deploy" / name)
+        files[f"deploy/{name}"] = what
     what = {"RESULTS.md": "stage 3's scores", "train_config.yaml": "the resolved training config"}
     for dst in copies.values():
         if (pkg / dst).is_file():

@@ -265,6 +265,8 @@ def test_package_holds_what_the_card_says(exp: tuple[str, Path]) -> None:
     named = _card_paths(card)
     on_disk = {str(p.relative_to(pkg)) for p in pkg.rglob("*") if p.is_file() and p.name != ".done"}
     assert named == on_disk
+    assert {"deploy/Containerfile", "deploy/asr.service", "runtime/requirements.txt"} <= on_disk
+    assert "pip install -r runtime/requirements.txt" in card
     with tarfile.open(exp_dir / "package.tar.gz") as tar:
         members = {m.name for m in tar.getmembers() if m.isfile() or m.islnk()}
     assert members == {f"{exp_dir.name}/{p}" for p in on_disk}
