@@ -12,8 +12,8 @@ Reads  an export dir through OnnxASR (stage 4's exp/<tag>/export or a package's 
 
 With API keys configured, every route but /health and the page needs ``Authorization: Bearer <key>``
 (serving/guard.py). Limits hold before the work they guard: the declared size before the body is
-read, the streamed size while it is (FastAPI's max_body_size), the rate and duration from the header
-before decoding (serving/upload.py). Audio of any rate and channel count is downmixed and resampled
+read, the streamed size while it is (serving/guard.py), the rate and duration from the header before
+decoding (serving/upload.py). Audio of any rate and channel count is downmixed and resampled
 with the training resampler; audio over ``segment_s`` is split at pauses (serving/segmenter.py) and
 its pieces decoded together; a piece of digital silence is not decoded (a CTC model trained on
 speech hallucinates a word on it). Every refusal is a 4xx/5xx in OpenAI's error shape, counted by
@@ -120,7 +120,6 @@ def create_app(asr: OnnxASR, settings: ServeSettings | None = None, model_name: 
     app = FastAPI(title="funasr-recipe ASR", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description=f"{engine.family} speech recognition")
     app.state.batcher, app.state.metrics, app.state.engine = batcher, metrics, engine
-    app.state.model_name, app.state.settings = name, settings
     errors.install(app, metrics)
     app.add_middleware(Guard, metrics=metrics, keys=api_keys, max_body=limit + FORM_OVERHEAD,
                        body_timeout_s=settings.body_timeout_s, read_timeout_s=settings.read_timeout_s)

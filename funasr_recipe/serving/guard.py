@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import os
 import stat
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 
 from funasr_recipe.core.rejections import BadInputError
-from funasr_recipe.serving.errors import Refused, error_body
+from funasr_recipe.serving.errors import Refused, error_response
 from funasr_recipe.serving.metrics import ServeMetrics
 
 log = logging.getLogger(__name__)
@@ -83,11 +82,7 @@ class Guard:
 
         async def reply(status: int, reason: str, message: str, extra: dict | None = None) -> None:
             self.metrics.errors.labels(reason).inc()
-            body = _json(error_body(status, reason, message))
-            head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-            head += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
-            await send_({"type": "http.response.start", "status": status, "headers": head})
-            await send_({"type": "http.response.body", "body": body})
+            await error_response(status, reason, message, extra)(scope, receive, send_)
 
         async def send_(message) -> None:
             if message["type"] == "http.response.start":
@@ -135,7 +130,3 @@ class Guard:
                 ("/static" if path.startswith("/static/") else "unmatched")
             self.metrics.requests.labels(endpoint, str(started["status"] or 500)).inc()
             self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
-
-
-def _json(body: dict) -> bytes:
-    return json.dumps(body).encode()
