@@ -37,7 +37,7 @@ from funasr_recipe.core.cli import StageFailed, env_rank, program_parser, run_ma
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.data import textnorm
 from funasr_recipe.features.dump import SetPlan, compute_shards, merge_set, plan_sets, write_cmvn
-from funasr_recipe.features.fbank import FbankConf
+from funasr_recipe.features.fbank_conf import FbankConf
 from funasr_recipe.features.shard_sums import ADVICE, verify_sets
 from funasr_recipe.features.targets import (
     ctc_frames,

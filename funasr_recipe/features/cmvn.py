@@ -18,7 +18,7 @@ import numpy as np
 from funasr_recipe.core.rejections import BadInputError
 
 if TYPE_CHECKING:
-    from funasr_recipe.features.fbank import FbankConf
+    from funasr_recipe.features.fbank_conf import FbankConf
 
 VAR_FLOOR = 1e-8  # a constant dimension (e.g. a dead mel bin in digital silence) must not divide by 0
 

@@ -7,10 +7,7 @@ torchaudio's sinc, as funasr's own, wherever its kernel is small, and soxr's els
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -20,37 +17,7 @@ import torchaudio
 from torchaudio.compliance import kaldi
 
 from funasr_recipe.features.audio import load_audio
-
-
-@dataclass(frozen=True)
-class FbankConf:
-    """Kaldi fbank as funasr's ``WavFrontend`` computes it; defaults are WavFrontend's own."""
-
-    fs: int = 16000
-    n_mels: int = 80
-    frame_length: float = 25.0  # ms
-    frame_shift: float = 10.0  # ms
-    window: str = "hamming"
-    lfr_m: int = 1
-    lfr_n: int = 1
-    snip_edges: bool = True
-
-    def fingerprint(self) -> str:
-        """Short hash of the parameters: features made with other parameters are not reused."""
-        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
-
-    @classmethod
-    def from_frontend_conf(cls, conf: dict) -> FbankConf:
-        """From a config's ``frontend_conf`` (other keys ignored), cast to the defaults' types: YAML may
-        say 25 where funasr means 25.0 ms, or "16000"."""
-        defaults = cls()
-        return cls(**{k: type(getattr(defaults, k))(conf[k]) for k in asdict(defaults) if k in conf})
-
-
-# torchaudio's sinc kernel has (new/g) x (orig/g + width) taps for g = gcd(orig, new): 282k for 11025 ->
-# 16000 Hz, but 256M (5-9 GB while it is built) for 16001 -> 16000 Hz. Above this, soxr's polyphase
-# resampler, whose cost does not depend on the gcd.
-_MAX_SINC_TAPS = 1_000_000
+from funasr_recipe.features.fbank_conf import FbankConf, reduced, sinc_is_cheap, to_mono
 
 
 @lru_cache(maxsize=32)
@@ -59,24 +26,13 @@ def _resampler(orig: int, new: int) -> torchaudio.transforms.Resample:
     return torchaudio.transforms.Resample(orig, new)
 
 
-def _reduced(orig: int, new: int) -> tuple[int, int]:
-    g = math.gcd(orig, new)
-    return orig // g, new // g
-
-
-def sinc_is_cheap(orig: int, new: int) -> bool:
-    """True where torchaudio's sinc resampling (funasr's own, byte for byte) has a small kernel."""
-    a, b = _reduced(orig, new)
-    return a * b <= _MAX_SINC_TAPS
-
-
 def change_rate(wave: torch.Tensor, orig: int, new: int) -> torch.Tensor:
     """(rows, n) audio from ``orig`` to ``new`` Hz: torchaudio's sinc where its kernel is small, as funasr
     resamples at decoding time; soxr otherwise (length round(n * new / orig) rather than the ceil)."""
     if orig == new:
         return wave
     if sinc_is_cheap(orig, new):
-        return _resampler(*_reduced(orig, new))(wave)
+        return _resampler(*reduced(orig, new))(wave)
     x = np.ascontiguousarray(wave.numpy().T)  # soxr takes (frames, channels)
     return torch.from_numpy(np.ascontiguousarray(soxr.resample(x, orig, new, quality="HQ").T))
 
@@ -95,23 +51,6 @@ def resample(wave: torch.Tensor, rate: int, target: int, speed: float = 1.0) -> 
         return change_rate(wave, orig, target)
     x = change_rate(wave, rate, target)
     return x if speed == 1.0 else change_rate(x, round(target * speed), target)
-
-
-def to_mono(wave: np.ndarray) -> np.ndarray:
-    """(samples,) or (samples, channels) float audio -> (samples,) float32, channels averaged."""
-    if wave.ndim == 2:
-        wave = wave.mean(axis=1) if wave.shape[1] > 1 else wave[:, 0]
-    return np.ascontiguousarray(wave, dtype=np.float32)
-
-
-def mono_at_rate(wave: np.ndarray, rate: int, fs: int) -> np.ndarray:
-    """Audio as read (any channels, ``rate`` Hz) -> mono float32 at ``fs`` with the training resampler:
-    what a runtime that is handed arrays (the server, sherpa-onnx) must be given to see stage 1's audio."""
-    mono = to_mono(wave)
-    if rate == fs:
-        return mono
-    with torch.no_grad():
-        return resample(torch.from_numpy(mono)[None], rate, fs)[0].numpy()
 
 
 @lru_cache(maxsize=64)

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from funasr_recipe.core.rejections import BadInputError
 
 if TYPE_CHECKING:  # features/fbank.py imports torch (2 s), which local/resolve_model.py has no use for
-    from funasr_recipe.features.fbank import FbankConf
+    from funasr_recipe.features.fbank_conf import FbankConf
 
 
 def load_config(path: Path, overrides: list[str] | None = None) -> DictConfig:
@@ -36,7 +36,7 @@ def load_config(path: Path, overrides: list[str] | None = None) -> DictConfig:
 
 def fbank_conf(cfg: DictConfig) -> FbankConf:
     """The frontend parameters; only ``WavFrontend`` (what SenseVoice, Paraformer and ours use) is known."""
-    from funasr_recipe.features.fbank import FbankConf
+    from funasr_recipe.features.fbank_conf import FbankConf
 
     frontend = cfg.get("frontend", "WavFrontend")
     if frontend not in ("WavFrontend", "wav_frontend"):

@@ -24,7 +24,7 @@ from funasr_recipe.data.manifest import manifest_line
 from funasr_recipe.dist.markers import mark_done, read_fingerprint
 from funasr_recipe.features.audio import probe_audio
 from funasr_recipe.features.dump import SetPlan, compute_shards, merge_set, plan_sets
-from funasr_recipe.features.fbank import FbankConf
+from funasr_recipe.features.fbank_conf import FbankConf
 from funasr_recipe.features.shard_sums import SHARD_FILES, file_sum
 from local import compute_fbank
 

@@ -12,7 +12,7 @@ import pytest
 
 from funasr_recipe.dist.slicing import my_shards, shard_size_for
 from funasr_recipe.features.dump import plan_sets
-from funasr_recipe.features.fbank import FbankConf
+from funasr_recipe.features.fbank_conf import FbankConf
 
 
 def test_a_small_set_is_cut_into_one_shard_per_process_and_a_large_one_keeps_the_size() -> None:
