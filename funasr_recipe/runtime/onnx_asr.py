@@ -11,8 +11,9 @@ the graph's extra inputs and how the best token per output frame becomes token i
 
 The steps are funasr's WavFrontend + the model's ``inference`` rule, without torch modules or funasr:
 audio read with soundfile and resampled with torchaudio's sinc kernel (features/audio.py and
-features/fbank.py: what AutoModel does, so transcripts match it; funasr-onnx resamples with soxr), Kaldi
-fbank (features/fbank.py, identical to torchaudio's within 2e-6, about 2x faster), LFR stacking and
+features/numpy_fbank.py: what AutoModel does, so transcripts match it; funasr-onnx resamples with soxr),
+Kaldi fbank (features/numpy_fbank.py: numpy alone, so a CPU service installs no torch; stage 4 gates its
+difference from the model's own frontend), LFR stacking and
 CMVN (features/cmvn.py), one onnxruntime session with a thread per core this process may use, then
 greedy CTC (SenseVoiceSmall with language "auto" and no ITN, as stage 3 decodes; ConformerCTC) or the
 argmax of each of Paraformer's predicted tokens, and sentencepiece detokenisation. SenseVoice's tags
@@ -26,16 +27,14 @@ argmax of each of Paraformer's predicted tokens, and sentencepiece detokenisatio
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 import yaml
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
 
@@ -43,25 +42,14 @@ from funasr_recipe.core.env import available_cores
 from funasr_recipe.families.registry import PARAFORMER, family_spec
 from funasr_recipe.features.audio import load_audio
 from funasr_recipe.features.cmvn import lfr, read_am_mvn
-from funasr_recipe.features.fbank import FbankConf, FbankExtractor
+from funasr_recipe.features.fbank_conf import FbankConf
+from funasr_recipe.features.numpy_fbank import NumpyFbank
+from funasr_recipe.runtime.char_tokens import join_char_tokens
 from funasr_recipe.runtime.onnx_session import collapse_ctc, make_session
 
 log = logging.getLogger(__name__)
 # onnxruntime's errors on an input too short for the model (conv subsampling, no predicted token).
 NO_OUTPUT = (InvalidArgument, Fail, RuntimeException)
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """torch's intra-op threads set to ``n`` for the block, then restored."""
-    before = torch.get_num_threads()
-    if before != n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if before != n:
-            torch.set_num_threads(before)
 
 
 def export_name(export_dir: Path) -> str:
@@ -153,10 +141,7 @@ class _Detokenizer:
     def __call__(self, ids: list[int]) -> str:
         if self.sp is not None:
             return self.sp.decode(ids)
-        # A character token list (the hub's Chinese Paraformer): funasr's word joining.
-        from funasr_onnx.utils.postprocess_utils import sentence_postprocess
-
-        return sentence_postprocess([self.tokens[i] for i in ids])[0]
+        return join_char_tokens([self.tokens[i] for i in ids])  # the hub's Chinese Paraformer
 
 
 class OnnxASR:
@@ -171,7 +156,7 @@ class OnnxASR:
         self.family = export_family(self.dir, config)
         self.fbank_conf = FbankConf.from_frontend_conf(config.get("frontend_conf") or {})
         self.fs = self.fbank_conf.fs
-        self.extractor = FbankExtractor(self.fbank_conf)
+        self.extractor = NumpyFbank(self.fbank_conf)
         self.shift, self.scale = read_am_mvn(self.dir / "am.mvn")
         self.detokenize = _Detokenizer(self.dir, config)
         self.parts = family_parts(self.family, config.get("model_conf") or {}, language, textnorm)
@@ -246,29 +231,24 @@ class OnnxASR:
         # of batch k-1 while onnxruntime runs batch k (both release the GIL), so the frontend and the
         # argmax over the vocabulary (a third of the time on 2 cores) overlap the network instead of
         # adding to it: 1.35x the utterances/s of running them in turn on 2 cores, at batch 8.
-        # The frontend's torch ops run on one thread: on 2 busy cores, 2 torch threads made the features
-        # 10x slower than 1 (threads waiting on each other), and onnxruntime has the cores.
-        with torch_threads(1):
-            if len(batches) <= 1:  # one batch: nothing to overlap, and a thread hand-off costs latency
-                return [t for b in batches for t in self._batch(self.features(b))]
-            worker = self._worker()
-            pending: list[Future] = []
-            features = worker.submit(self.features, batches[0])
-            for k in range(len(batches)):
-                feats = features.result()
-                if k + 1 < len(batches):
-                    features = worker.submit(self.features, batches[k + 1])
-                out = self._infer_or_split(feats)
-                pending.append(worker.submit(self._texts, *out) if isinstance(out, tuple)
-                               else _done(out))
-            return [t for f in pending for t in f.result()]
+        if len(batches) <= 1:  # one batch: nothing to overlap, and a thread hand-off costs latency
+            return [t for b in batches for t in self._batch(self.features(b))]
+        worker = self._worker()
+        pending: list[Future] = []
+        features = worker.submit(self.features, batches[0])
+        for k in range(len(batches)):
+            feats = features.result()
+            if k + 1 < len(batches):
+                features = worker.submit(self.features, batches[k + 1])
+            out = self._infer_or_split(feats)
+            pending.append(worker.submit(self._texts, *out) if isinstance(out, tuple)
+                           else _done(out))
+        return [t for f in pending for t in f.result()]
 
     def _worker(self) -> ThreadPoolExecutor:
-        """The pipeline's thread, started on first use and kept (a new thread per call costs latency).
-        One torch thread in it too: OpenMP's thread count is per thread, and a new one has the default."""
+        """The pipeline's thread, started on first use and kept (a new thread per call costs latency)."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="onnx_asr",
-                                            initializer=torch.set_num_threads, initargs=(1,))
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="onnx_asr")
         return self._pool
 
 

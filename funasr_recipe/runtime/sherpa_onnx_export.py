@@ -35,7 +35,7 @@ from funasr_recipe.core.files import write_atomic
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.families.registry import SHERPA_ONNX, family_spec, supporting
 from funasr_recipe.features.cmvn import read_am_mvn
-from funasr_recipe.features.fbank import FbankConf
+from funasr_recipe.features.fbank_conf import FbankConf
 from funasr_recipe.runtime.onnx_asr import export_family
 
 log = logging.getLogger(__name__)

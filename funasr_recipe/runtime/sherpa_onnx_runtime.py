@@ -41,8 +41,9 @@ import yaml
 
 from funasr_recipe.core.env import available_cores
 from funasr_recipe.features.audio import load_audio
-from funasr_recipe.features.fbank import FbankConf, mono_at_rate
-from funasr_recipe.runtime.onnx_asr import export_family, torch_threads
+from funasr_recipe.features.fbank_conf import FbankConf
+from funasr_recipe.features.numpy_fbank import mono_at_rate
+from funasr_recipe.runtime.onnx_asr import export_family
 from funasr_recipe.runtime.sherpa_onnx_export import FAMILY, TOKENS, missing_sherpa_files
 
 CHILD_TIMEOUT_S = 600
@@ -102,10 +103,8 @@ class SherpaASR:
     def __call__(self, items: str | np.ndarray | Sequence[str | np.ndarray]) -> list[str]:
         if isinstance(items, (str, np.ndarray)):
             items = [items]
-        # The resampler's torch ops on one thread, as in the recipe's runtime: sherpa-onnx has the cores.
-        with torch_threads(1):
-            return [t for i in range(0, len(items), self.batch_size)
-                    for t in self._batch(items[i:i + self.batch_size])]
+        return [t for i in range(0, len(items), self.batch_size)
+                for t in self._batch(items[i:i + self.batch_size])]
 
 
 def sherpa_subprocess(export_dir: Path, sources: list[str], quantize: bool = False, threads: int = 1,

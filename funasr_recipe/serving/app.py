@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
-import torch
 from fastapi import FastAPI, File, Form, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, PlainTextResponse, Response
@@ -41,7 +40,7 @@ from fastapi.staticfiles import StaticFiles
 
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.features.audio import AudioError
-from funasr_recipe.features.fbank import mono_at_rate
+from funasr_recipe.features.numpy_fbank import mono_at_rate
 from funasr_recipe.runtime.onnx_asr import OnnxASR, export_name
 from funasr_recipe.serving import errors, openai_api
 from funasr_recipe.serving.batcher import DynamicBatcher, QueueFull
@@ -104,9 +103,8 @@ def create_app(asr: OnnxASR, settings: ServeSettings | None = None, model_name: 
     name = model_name or export_name(asr.dir)
     batcher_box: list[DynamicBatcher] = []
     metrics = ServeMetrics(lambda: batcher_box[0].depth if batcher_box else 0)
-    # One torch thread in the worker: onnxruntime has the cores (runtime/onnx_asr.py says why).
     batcher = DynamicBatcher(engine.decode, settings.max_batch, settings.max_wait_ms, settings.queue_size,
-                             on_batch=metrics.on_batch, thread_init=lambda: torch.set_num_threads(1))
+                             on_batch=metrics.on_batch)
     batcher_box.append(batcher)
     limit = int(settings.max_upload_mb * 2**20)
 

@@ -55,8 +55,7 @@ class DynamicBatcher:
     """``fn(items) -> results`` (same length, same order) applied to batches of queued items."""
 
     def __init__(self, fn: Callable[[list[Any]], list[Any]], max_batch: int = 8, max_wait_ms: float = 10.0,
-                 queue_size: int = 64, on_batch: Callable[[int, float], None] | None = None,
-                 thread_init: Callable[[], None] | None = None) -> None:
+                 queue_size: int = 64, on_batch: Callable[[int, float], None] | None = None) -> None:
         if max_batch < 1 or queue_size < max_batch:
             raise BadInputError(f"max_batch {max_batch} must be >= 1 and <= queue_size {queue_size}")
         self.fn, self.max_batch, self.max_wait = fn, max_batch, max_wait_ms / 1000.0
@@ -65,7 +64,7 @@ class DynamicBatcher:
         self._cond = threading.Condition()
         self._stopped = False
         self._expected = 0  # requests being read or decoded that will submit soon
-        self._thread = threading.Thread(target=self._run, args=(thread_init,), name="batcher", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="batcher", daemon=True)
         self._thread.start()
 
     @property
@@ -123,9 +122,7 @@ class DynamicBatcher:
                 self._cond.wait(left)
             return [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
 
-    def _run(self, thread_init: Callable[[], None] | None) -> None:
-        if thread_init is not None:
-            thread_init()
+    def _run(self) -> None:
         while (batch := self._take()) is not None:
             start = time.perf_counter()
             try:

@@ -66,16 +66,12 @@ def strings(values: list[str]) -> np.ndarray:
 
 class FeatureExtractor:
     def __init__(self, config: dict) -> None:
-        import torch
-
         from funasr_recipe.features.cmvn import lfr, read_am_mvn
-        from funasr_recipe.features.fbank import FbankConf, FbankExtractor
+        from funasr_recipe.features.fbank_conf import FbankConf
+        from funasr_recipe.features.numpy_fbank import NumpyFbank
 
-        # One torch thread, as the runtime computes features: Triton runs instances side by side, and two
-        # busy torch threads per process made the runtime's fbank 10x slower on 2 cores.
-        torch.set_num_threads(1)
         self.conf = FbankConf.from_frontend_conf(export_config(config).get("frontend_conf") or {})
-        self.extractor = FbankExtractor(self.conf)
+        self.extractor = NumpyFbank(self.conf)
         self.lfr = lfr
         self.shift, self.scale = read_am_mvn(MODEL_DIR / parameter(config, "cmvn"))
         self.types = {t["name"]: output_dtype(config, t["name"]) for t in config["output"]}
