@@ -96,16 +96,27 @@ def parity_section(c: CardInputs) -> list[str]:
             f"| {p.get('max_abs_logit_diff_int8', float('nan')):.2e} |",
             f"| error rate | {_pct(p.get('wer_torch'))} | {_pct(p.get('wer_fp32'))} "
             f"| {_pct(p.get('wer_int8'))} |",
-            ""]
+            "",
+            *runtime_frontend_lines(p)]
 
 
-# Audio at the model's rate as the recipe makes it (runtime/ ships both): torchaudio's sinc resampler, as
-# AutoModel and training resample. funasr-onnx given a path resamples with librosa (soxr) instead, and
-# given an array takes it for audio at the model's rate whatever its rate.
-RESAMPLE_IMPORTS = ["import torch", "from funasr_recipe.features.audio import load_audio",
-                    "from funasr_recipe.features.fbank import resample"]
+def runtime_frontend_lines(p: dict) -> list[str]:
+    """The deployed frontend's line of the parity section (exports before it have none)."""
+    if "identical_fraction_runtime_frontend" not in p:
+        return []
+    return [f"The runtime computes its own features (numpy, no torch): from the audio files, they differ "
+            f"from the model's frontend by {p['feature_diff_p999']:.1e} at the 99.9th percentile and "
+            f"{p['max_abs_feature_diff']:.1e} at most, and ONNX fp32 on them gives PyTorch's transcript for "
+            f"{_pct(p['identical_fraction_runtime_frontend'])} of the utterances.", ""]
+
+
+# Audio at the model's rate as the recipe makes it (runtime/ ships it, in numpy): torchaudio's sinc
+# kernel, as AutoModel and training resample. funasr-onnx given a path resamples with librosa (soxr)
+# instead, and given an array takes it for audio at the model's rate whatever its rate.
+RESAMPLE_IMPORTS = ["from funasr_recipe.features.audio import load_audio",
+                    "from funasr_recipe.features.numpy_fbank import mono_at_rate"]
 RESAMPLE = ["wave, rate = load_audio(\"a.wav\")  # (samples, channels) float32, any rate",
-            "wave = resample(torch.from_numpy(wave.mean(axis=1))[None], rate, {fs})[0].numpy()"]
+            "wave = mono_at_rate(wave, rate, {fs})  # downmixed, resampled as in training"]
 
 
 def funasr_onnx_usage(family: str, fs: int = 16000) -> list[str]:
@@ -199,8 +210,8 @@ def usage_section(c: CardInputs) -> list[str]:
         "environment of their own (Python 3.11):", "",
         "```bash", "python3.11 -m venv .venv && .venv/bin/pip install -r runtime/requirements.txt",
         "source .venv/bin/activate", "```", "",
-        "With the recipe's runtime (`runtime/`: audio read with soundfile, the PyTorch frontend's exact "
-        "fbank, threads from the cores available):", "",
+        "With the recipe's runtime (`runtime/`: audio read with soundfile, the training frontend's fbank "
+        "and resampler in numpy, so no torch; threads from the cores available):", "",
         "```bash",
         "PYTHONPATH=runtime python -m funasr_recipe.runtime.transcribe onnx a.wav b.wav [--int8] \\",
         "    [--batch-size 8] [--threads N]",

@@ -29,11 +29,12 @@ The largest absolute log-probability difference between PyTorch and fp32 is repo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,14 @@ from funasr_recipe.data.tags import strip_tags
 from funasr_recipe.families.registry import PARAFORMER, family_spec
 from funasr_recipe.features.audio import AudioError, load_audio
 from funasr_recipe.features.fbank import resample
+from funasr_recipe.features.numpy_fbank import (
+    MAX_TOLERANCE,
+    P999_TOLERANCE,
+    feature_difference,
+    within_tolerance,
+)
 from funasr_recipe.runtime.export import family_of
-from funasr_recipe.runtime.onnx_asr import NO_OUTPUT, OnnxASR, torch_threads
+from funasr_recipe.runtime.onnx_asr import NO_OUTPUT, OnnxASR
 from funasr_recipe.scoring.error_rate import Counts, corpus_counts
 
 log = logging.getLogger(__name__)
@@ -64,6 +71,19 @@ PARITY_THREADS = 1
 # Feature frames per batch of equal-length utterances: each side holds a few (frames, vocabulary) float
 # tensors, 25,055 wide for SenseVoice: 100 MB each at 1,000 frames.
 BATCH_FRAMES = 1000
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` for the block, then restored."""
+    before = torch.get_num_threads()
+    if before != n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if before != n:
+            torch.set_num_threads(before)
 
 
 def _no_output() -> tuple[type[Exception], ...]:
@@ -121,10 +141,10 @@ class TorchSide:
         return [(text, None if scores is None else scores[i]) for i, text in enumerate(texts)]
 
 
-def onnx_decode(asr: OnnxASR, feats: list[torch.Tensor]) -> list[Decoded]:
+def onnx_decode(asr: OnnxASR, feats: list[torch.Tensor] | list[np.ndarray]) -> list[Decoded]:
     """(transcript, (n, vocab) log-probs or None without output frames) of each of a batch of
     utterances of one length, by the recipe's runtime."""
-    scores, lengths = asr.infer([f.numpy().astype(np.float32) for f in feats])
+    scores, lengths = asr.infer([np.asarray(f, dtype=np.float32) for f in feats])
     out: list[Decoded] = []
     for row, n in zip(scores, lengths.tolist(), strict=True):
         if n < 1:
@@ -162,6 +182,28 @@ def _decode(side: str, keys: list[str], call: Callable[[], list[Decoded]],
                         type(e).__name__, str(e).splitlines()[0][:200])
             errors.append({"key": key, "side": side, "error": type(e).__name__})
         return [("", None)] * len(keys)
+
+
+def runtime_frontend(asr: OnnxASR, utts: list[dict], feats: list[torch.Tensor], torch_texts: list[str],
+                     groups: list[list[int]], no_output: list[dict]) -> dict:
+    """The deployed path against the model's frontend: the runtime's own features of each utterance
+    (features/numpy_fbank.py, from the audio file) against the model's, and ONNX fp32's transcripts
+    of them against PyTorch's ``torch_texts``, batched as ``groups``."""
+    ours = [asr.features([u["source"]])[0] for u in utts]
+    frames = [u["key"] for u, a, b in zip(utts, ours, feats, strict=True) if a.shape != tuple(b.shape)]
+    same = [(a, b.numpy()) for a, b in zip(ours, feats, strict=True) if a.shape == tuple(b.shape)]
+    # CMVN divides log-mel by its spread (2-5 on speech), so the fbank's tolerances hold here too.
+    p999, largest = feature_difference([a for a, _ in same], [b for _, b in same])
+    texts = [""] * len(utts)
+    for group in groups:  # of one length in the model's frames; a frame mismatch is reported above
+        for part in ([[i] for i in group] if frames else [group]):
+            got = _decode("fp32 runtime frontend", [utts[i]["key"] for i in part],
+                          lambda part=part: onnx_decode(asr, [ours[i] for i in part]), no_output)
+            for i, (text, _) in zip(part, got, strict=True):
+                texts[i] = text
+    identical = sum(a == b for a, b in zip(torch_texts, texts, strict=True)) / len(utts)
+    return {"identical_fraction_runtime_frontend": identical, "feature_diff_p999": p999,
+            "max_abs_feature_diff": largest, "feature_frame_mismatches": frames}
 
 
 def _max_diff(a: np.ndarray | None, b: np.ndarray | None) -> tuple[float, bool]:
@@ -245,6 +287,8 @@ def _check_parity(automodel: Any, export_dir: Path, utts: list[dict], threads: i
     progress.close()
 
     n = len(kept)
+    frontend = runtime_frontend(onnx["fp32"], kept, feats, hyps["torch"], batches(feats, torch_side.family),
+                                no_output)
     identical = sum(a == b for a, b in zip(hyps["torch"], hyps["fp32"], strict=True)) / n
     identical_int8 = sum(a == b for a, b in zip(hyps["torch"], hyps["int8"], strict=True)) / n
     refs, langs = [u["target"] for u in kept], [u["lang"] for u in kept]
@@ -254,6 +298,17 @@ def _check_parity(automodel: Any, export_dir: Path, utts: list[dict], threads: i
     if identical < min_identical:
         failures.append(f"ONNX fp32 transcripts identical to PyTorch on {identical:.1%} of utterances, "
                         f"below {min_identical:.0%}")
+    if frontend["identical_fraction_runtime_frontend"] < min_identical:
+        failures.append(f"ONNX fp32 transcripts from the runtime's own features identical to PyTorch on "
+                        f"{frontend['identical_fraction_runtime_frontend']:.1%} of utterances, below "
+                        f"{min_identical:.0%}")
+    if not within_tolerance(frontend["feature_diff_p999"], frontend["max_abs_feature_diff"]) \
+            or frontend["feature_frame_mismatches"]:
+        failures.append(f"the runtime's features differ from the model's frontend by "
+                        f"{frontend['feature_diff_p999']:.2e} at the 99.9th percentile (limit "
+                        f"{P999_TOLERANCE:.0e}) and {frontend['max_abs_feature_diff']:.2e} at most (limit "
+                        f"{MAX_TOLERANCE:.0e}); {len(frontend['feature_frame_mismatches'])} utterances "
+                        "with other frame counts")
     if wer["fp32"] is None or wer["int8"] is None:
         failures.append("the error rate is undefined (references without tokens)")
     elif abs(wer["int8"] - wer["fp32"]) > int8_tolerance(max_int8_delta, counts["fp32"].n_ref):
@@ -267,7 +322,9 @@ def _check_parity(automodel: Any, export_dir: Path, utts: list[dict], threads: i
         "identical_fraction_int8": identical_int8, "max_abs_logit_diff": diffs["fp32"],
         "max_abs_logit_diff_int8": diffs["int8"], "logit_diff_unit": "log-probability",
         "wer_torch": wer["torch"], "wer_fp32": wer["fp32"], "wer_int8": wer["int8"],
-        "thresholds": {"identical_fraction": min_identical, "int8_wer_delta": max_int8_delta},
+        **frontend,
+        "thresholds": {"identical_fraction": min_identical, "int8_wer_delta": max_int8_delta,
+                       "feature_diff_p999": P999_TOLERANCE, "max_abs_feature_diff": MAX_TOLERANCE},
         "pass": not failures, "failures": failures, "mismatches": mismatches,
         "length_mismatches": [kept[i]["key"] for i in sorted(length_mismatch)], "unreadable": unreadable,
         "no_output": no_output,

@@ -78,8 +78,12 @@ def test_export_dir_loads_and_matches_pytorch(exported: tuple[str, Path, Path, i
     assert report["identical_fraction"] == 1.0 and report["mismatches"] == []
     assert report["max_abs_logit_diff"] < 1e-4 < report["max_abs_logit_diff_int8"]
     assert report["length_mismatches"] == [] and report["unreadable"] == []
+    # The deployed path: the runtime's numpy features from the files, then ONNX fp32.
+    assert report["identical_fraction_runtime_frontend"] == 1.0 and report["feature_frame_mismatches"] == []
+    assert 0 < report["feature_diff_p999"] <= report["max_abs_feature_diff"] < 1e-2
     assert report["wer_torch"] == report["wer_fp32"] is not None and report["wer_int8"] is not None
-    assert set(report["thresholds"]) == {"identical_fraction", "int8_wer_delta"}
+    assert set(report["thresholds"]) == {"identical_fraction", "int8_wer_delta", "feature_diff_p999",
+                                        "max_abs_feature_diff"}
     # funasr-onnx loaded the dir as a deployment does, fp32 and int8, where it has a class for the family.
     smoke = report["runtime_check"]
     if family == "ConformerCTC":
@@ -221,7 +225,7 @@ def _break_output_layer(path: Path) -> None:
 
 @pytest.mark.slow  # the export check run again on each broken copy
 @pytest.mark.parametrize(("broken", "extra", "failure"), [
-    ("model.onnx", UNGATED_INT8, "ONNX fp32 transcripts identical to PyTorch on 0.0%"),
+    ("model.onnx", UNGATED_INT8, "ONNX fp32 transcripts"),
     ("model_quant.onnx", [], "int8 error rate"),
 ])
 def test_broken_export_fails_the_check(exported: tuple[str, Path, Path, int], data_jsonl: Path,
@@ -233,7 +237,9 @@ def test_broken_export_fails_the_check(exported: tuple[str, Path, Path, int], da
                "--check-only", *extra])
     report = json.loads((copy_dir / "parity.json").read_text())
     assert rc == 1 and report["pass"] is False and not (copy_dir / ".done").exists()
-    assert len(report["failures"]) == 1 and report["failures"][0].startswith(failure), report["failures"]
+    # A broken fp32 graph fails both fp32 gates: on the model's features and on the runtime's own.
+    assert len(report["failures"]) == (2 if broken == "model.onnx" else 1), report["failures"]
+    assert all(f.startswith(failure) for f in report["failures"]), report["failures"]
     if broken == "model.onnx":
         assert len(report["mismatches"]) == N_UTTS and all(m["fp32"] == "" for m in report["mismatches"])
     else:
@@ -287,7 +293,7 @@ def test_too_short_clip_is_empty_on_every_side(exported: tuple[str, Path, Path, 
     report = check_parity(load_automodel(model_dir, threads=2), out, [utt], threads=2)
     assert report["identical_fraction"] == 1.0 and report["unreadable"] == []
     if family == "ConformerCTC":
-        assert {e["side"] for e in report["no_output"]} == {"torch", "fp32", "int8"}
+        assert {e["side"] for e in report["no_output"]} == {"torch", "fp32", "int8", "fp32 runtime frontend"}
 
 
 def test_parity_by_length_reports_what_one_at_a_time_does(exported: tuple[str, Path, Path, int],
