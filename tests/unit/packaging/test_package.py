@@ -17,13 +17,13 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
+import soundfile as sf
 import torch
 from funasr_onnx.utils.postprocess_utils import sentence_postprocess_sentencepiece
 
@@ -37,33 +37,9 @@ from funasr_recipe.packaging.triton_repo import TRITON_TYPES, onnx_io
 from funasr_recipe.runtime.funasr_onnx_runtime import FUNASR_ONNX_FAMILIES, load_funasr_onnx, runtime_text
 from funasr_recipe.runtime.onnx_asr import OnnxASR
 from local.bench_runtime import main as bench_main
-from local.export import main as export_main
 from local.package import main as package_main
 from tests.helpers.data16k import N_UTTS
-from tests.helpers.model_dirs import FAMILIES, UNGATED_INT8, build_model_dir
-from tests.helpers.train_fixtures import free_port
-
-
-@pytest.fixture(scope="module", params=list(FAMILIES))
-def exp(request: pytest.FixtureRequest, data16k: Path,
-        tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
-    """(family, exp/<tag>) holding final/ and a passed export/, then packaged (SenseVoice: benchmarked
-    first, so that its card carries the table)."""
-    family = request.param
-    root = tmp_path_factory.mktemp(family)
-    model_dir = build_model_dir(root, family, data16k)
-    exp_dir = root / f"tiny_{family.lower()}"
-    shutil.copytree(model_dir, exp_dir / "final")
-    shutil.copyfile(root / "exp" / "config.yaml", exp_dir / "config.yaml")
-    (exp_dir / "RESULTS.md").write_text("# RESULTS: tiny\n\n| model | set | WER % |\n|---|---|---:|\n"
-                                        "| avg | dev | 99 |\n")
-    assert export_main(["--model-dir", str(exp_dir / "final"), "--out", str(exp_dir / "export"),
-                        "--data-jsonl", str(data16k), "--threads", "2", *UNGATED_INT8]) == 0
-    if family == "SenseVoiceSmall":
-        assert bench_main(["--exp-dir", str(exp_dir), "--data-jsonl", str(data16k), "--batch-sizes", "1,4",
-                           "--threads", "2", "--cpu-only"]) == 0
-    assert package_main(["--exp-dir", str(exp_dir), "--data-jsonl", str(data16k)]) == 0
-    return family, exp_dir
+from tests.helpers.packaged import package_env, package_server
 
 
 def _sources(data_jsonl: Path) -> tuple[list[str], list[str]]:
@@ -125,10 +101,10 @@ def test_runtime_cli_and_arrays(exp: tuple[str, Path], data16k: Path) -> None:
     assert {"funasr_recipe/serving/cli.py", "funasr_recipe/serving/static/index.html",
             "funasr_recipe/serving/static/app.js"} <= shipped
     assert "funasr_recipe/runtime/transcribe.py" in shipped and "funasr_recipe/model/config.py" not in shipped
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(runtime)}
     out = subprocess.run([sys.executable, "-m", "funasr_recipe.runtime.transcribe",
                           str(exp_dir / "package" / "onnx"), *sources[:2], "--threads", "1"],
-                         cwd=exp_dir, env=env, capture_output=True, text=True, check=True).stdout
+                         cwd=exp_dir, env=package_env(exp_dir / "package"), capture_output=True, text=True,
+                         check=True).stdout
     assert out.splitlines() == [f"{s}\t{t}" for s, t in zip(sources[:2], asr(sources[:2]), strict=True)]
     requirements = (runtime / "requirements.txt").read_text().split()
     assert {r.split("==")[0] for r in requirements if "==" in r} >= {"numpy", "onnxruntime", "soundfile",
@@ -141,28 +117,12 @@ def test_package_serves_over_http(exp: tuple[str, Path], data16k: Path) -> None:
     _, exp_dir = exp
     pkg = exp_dir / "package"
     sources, _ = _sources(data16k)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(pkg / "runtime")}
-    proc = subprocess.Popen([sys.executable, "-m", "funasr_recipe.serving.cli", "--model-dir", "onnx",
-                             "--port", str(port), "--threads", "1"], cwd=pkg, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(240):
-            assert proc.poll() is None, proc.stderr.read()[-2000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.25)
+    with package_server(pkg, sys.executable) as url:
         texts = [httpx.post(f"{url}/v1/transcriptions", files={"file": Path(s).read_bytes()},
                             timeout=30).json()["text"] for s in sources[:2]]
         assert texts == [strip_tags(t) for t in OnnxASR(pkg / "onnx", threads=1)(sources[:2])]
         assert "<canvas" in httpx.get(url, timeout=5).text  # the web page shipped too
         assert "transcriptions" in httpx.get(f"{url}/static/app.js", timeout=5).text
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def test_triton_configs_parse_with_tritons_schema(exp: tuple[str, Path]) -> None:
@@ -281,6 +241,27 @@ def test_package_holds_what_the_card_says(exp: tuple[str, Path]) -> None:
     params = int(re.search(r"parameters: ([\d,]+)", card).group(1).replace(",", ""))
     assert params == sum(v.numel() for v in torch.load(exp_dir / "final" / "model.pt").values()
                          if v.is_floating_point())
+
+
+def test_the_cards_funasr_onnx_example_runs_as_written(exp: tuple[str, Path], data16k: Path) -> None:
+    """The card's funasr-onnx example, from the package's top directory with runtime/ on the path, on an
+    8 kHz file: the recipe's resampler that it imports is shipped, and its text is the runtime's."""
+    family, exp_dir = exp
+    pkg = exp_dir / "package"
+    blocks = re.findall(r"```python\n(.*?)```", (pkg / "README.md").read_text(), re.DOTALL)
+    example = [b for b in blocks if "from funasr_onnx import" in b]
+    if family not in FUNASR_ONNX_FAMILIES:
+        assert example == []
+        return
+    wave, rate = load_audio(_sources(data16k)[0][0])
+    sf.write(pkg / "a.wav", wave[::2], rate // 2)
+    try:
+        res = subprocess.run([sys.executable, "-c", example[0]], cwd=pkg, env=package_env(pkg),
+                             capture_output=True, text=True, timeout=300)
+    finally:
+        (pkg / "a.wav").unlink()
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip()
 
 
 def test_benchmark_report(exp: tuple[str, Path]) -> None:

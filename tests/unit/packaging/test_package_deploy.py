@@ -54,3 +54,36 @@ def test_the_systemd_unit_verifies(tmp_path: Path) -> None:
     problems = [ln for ln in (res.stdout + res.stderr).splitlines()
                 if ln.strip() and "asr.service" in ln and "User=" not in ln]
     assert res.returncode == 0 and not problems, res.stdout + res.stderr
+
+
+# What a CPU service must not pull in: torch and its CUDA wheels (about 7 GB), funasr and funasr-onnx
+# (librosa, numba, scikit-learn). None of them may be in runtime/requirements.txt, and no runtime module
+# may import them, at its top or inside a function the service calls.
+HEAVY = ("torch", "torchaudio", "triton", "funasr", "funasr-onnx", "librosa", "numba", "scikit-learn",
+         "scipy", "modelscope", "deepspeed")
+
+
+def heavy(names: list[str]) -> list[str]:
+    """The names among ``names`` (distributions, any spelling) that a CPU runtime must not install."""
+    norm = [re.sub(r"[-_.]+", "-", n.lower()) for n in names]
+    return sorted(n for n in norm if n in HEAVY or n.startswith("nvidia-"))
+
+
+def test_the_runtime_requires_no_torch_or_funasr() -> None:
+    names = [line.split("==")[0] for line in runtime_requirements(runtime_files())]
+    assert heavy(names) == [], names
+    assert {"onnxruntime", "numpy", "soundfile", "soxr", "fastapi", "uvicorn"} <= set(names)
+
+
+def test_every_runtime_module_imports_with_torch_and_funasr_absent() -> None:
+    """Each module the package ships, imported where torch, torchaudio, funasr and funasr_onnx cannot
+    be (``sys.modules[name] = None`` makes their import fail), and the service built on a real export
+    would then still have to avoid them at call time: tests/unit/packaging/test_runtime_install.py runs
+    it in a venv without them."""
+    modules = [str(f.with_suffix("")).replace("/", ".") for f in runtime_files() if f.suffix == ".py"]
+    modules = [m.removesuffix(".__init__") for m in modules]
+    blocked = ["torch", "torchaudio", "funasr", "funasr_onnx", "librosa"]
+    code = ("import sys\n" + "".join(f"sys.modules[{b!r}] = None\n" for b in blocked)
+            + "".join(f"import {m}\n" for m in modules))
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
