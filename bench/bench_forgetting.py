@@ -29,17 +29,17 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shlex
 import shutil
-import subprocess
 import sys
-import time
-from datetime import datetime
 from pathlib import Path
 
 from funasr_recipe.core.cli import program_parser
+from funasr_recipe.core.fmt import num as fmt
 from funasr_recipe.core.log import setup_logging
+from funasr_recipe.core.logged_run import run_logged
+from funasr_recipe.scoring.across_runs import language_rate as primary
+from funasr_recipe.scoring.across_runs import train_seconds
 from recipes.common import Utt, read_kaldi_dir, write_kaldi_set
 from recipes.fsdd import BUNDLED, NAME, WORDS
 
@@ -48,9 +48,6 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 BASE_EN, NEW_EN = ("george", "jackson", "theo"), ("lucas", "nicolas")
 NEW_TEST_FROM = 40  # FSDD recording index: 0-39 of the new speakers train, 40-49 test
-STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")  # a log line's time stamp
-# train.log: a rank starts (torchaudio's first words in each process); a run trains from epoch 0.
-RUN_START, EPOCH0 = "Notice: ffmpeg is not installed", "Train epoch: 0, rank: 0"
 ZH_EVERY = 8  # every 8th clip (offset 0) is the regression set, offset 4 the base's dev set
 INITIALS = ("zh", "ch", "sh", "b", "p", "m", "f", "d", "t", "n", "l", "g", "k", "h", "j", "q", "x", "r",
             "z", "c", "s", "y", "w")
@@ -143,40 +140,6 @@ def row_command(work: Path, row: str, extra: list[str]) -> list[str]:
             *FINETUNE, *overrides]
 
 
-def run(cmd: list[str], log_file: Path) -> tuple[int, float]:
-    log.info("%s  (log in %s)", shlex.join(cmd), log_file)
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    with open(log_file, "w", encoding="utf-8") as out:
-        rc = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT).returncode
-    return rc, time.monotonic() - start
-
-
-def primary(result_json: Path, language: str) -> float | None:
-    """A decode dir's error rate (%) for one language in its primary unit, None when not decoded."""
-    if not result_json.is_file():
-        return None
-    res = json.loads(result_json.read_text(encoding="utf-8"))
-    lang = (res.get("per_language") or {}).get(language)
-    return None if lang is None else 100.0 * float(lang["rate"])
-
-
-def train_seconds(train_log: Path) -> float | None:
-    """Stage 2's wall time: the span of the run in its log (run.sh appends every run) that trained from
-    epoch 0, from the start of its ranks to the last line before the next run's."""
-    runs: list[list[str]] = []
-    for line in train_log.open(encoding="utf-8") if train_log.is_file() else ():
-        if not runs or (RUN_START in line and any(STAMP.match(x) for x in runs[-1])):
-            runs.append([])
-        runs[-1].append(line)
-    for lines in runs:
-        if any(EPOCH0 in line for line in lines):
-            stamps = [datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
-                      for m in map(STAMP.match, lines) if m]
-            return (stamps[-1] - stamps[0]).total_seconds() if len(stamps) > 1 else None
-    return None
-
-
 def figures(work: Path, row: str, rc: int, seconds: float, cmd: list[str]) -> dict:
     exp = work / row / "exp"
     return {"row": row, "rc": rc, "seconds": round(seconds, 1), "command": shlex.join(cmd),
@@ -186,10 +149,6 @@ def figures(work: Path, row: str, rc: int, seconds: float, cmd: list[str]) -> di
             "zh_before": primary(exp / "decode_regress_zh_regress_pretrained" / "result.json", "zh"),
             "zh_after": primary(exp / "decode_regress_zh_regress" / "result.json", "zh"),
             "gate": "PASS" if rc == 0 else ("FAIL" if rc == 1 else f"error rc {rc}")}
-
-
-def fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f}"
 
 
 def table(rows: list[dict]) -> str:
@@ -226,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = make_corpora(work / "corpora", args.fsdd_dir, args.zh_dir)
     log.info("corpora: %s", ", ".join(f"{k} {v}" for k, v in counts.items()))
     cmd = base_command(work, vocabulary(work / "corpora" / "base" / "train"), extra)
-    rc, _ = run(cmd, work / "base" / "run.log")
+    rc, _ = run_logged(cmd, work / "base" / "run.log", REPO)
     if rc != 0:
         log.error("the base model failed (rc %d): see %s", rc, work / "base" / "run.log")
         return 1
@@ -237,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         if row not in ROWS:
             parser.error(f"unknown row {row!r} (have {', '.join(ROWS)})")
         cmd = row_command(work, row, extra)
-        rc, seconds = run(cmd, work / row / "run.log")
+        rc, seconds = run_logged(cmd, work / row / "run.log", REPO)
         rows.append(figures(work, row, rc, seconds, cmd))
         log.info("%s: %s", row, json.dumps(rows[-1]))
     return report(work, rows)

@@ -33,15 +33,11 @@ from funasr_recipe.core.cli import program_parser, split_overrides
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.scoring.across_runs import mean_rate, pooled_rate, run_row
 from recipes.common import split_list
-from recipes.fsdd import BUNDLED, NAME
+from recipes.fsdd import BUNDLED
+from recipes.fsdd import speakers as corpus_speakers
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[1]
-
-
-def corpus_speakers(corpus_dir: Path) -> list[str]:
-    """The speakers of an FSDD recordings/ folder, sorted."""
-    return sorted({m.group(2) for p in (corpus_dir / "recordings").iterdir() if (m := NAME.match(p.name))})
 
 
 def fold_command(speaker: str, work: Path, config: str, corpus_dir: Path, extra: list[str]) -> list[str]:

@@ -9,3 +9,8 @@ def pct(fraction: float | None, missing: str = "-", sign: bool = True) -> str:
     if fraction is None:
         return missing
     return f"{100 * fraction:.2f}{'%' if sign else ''}"
+
+
+def num(x: float | None, digits: int = 1) -> str:
+    """A figure for a table with ``digits`` decimals, "-" when there is none."""
+    return "-" if x is None else f"{x:.{digits}f}"

@@ -11,3 +11,8 @@ from pathlib import Path
 BUNDLED = Path(__file__).resolve().parents[2] / "corpora" / "free-spoken-digit-dataset"
 WORDS = ("ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE")
 NAME = re.compile(r"^([0-9])_([A-Za-z0-9]+)_([0-9]+)\.wav$")  # {digit}_{speaker}_{index}.wav
+
+
+def speakers(corpus_dir: Path) -> list[str]:
+    """The speakers of an FSDD recordings/ folder, sorted."""
+    return sorted({m.group(2) for p in (corpus_dir / "recordings").iterdir() if (m := NAME.match(p.name))})
