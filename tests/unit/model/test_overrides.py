@@ -164,6 +164,7 @@ def test_a_fine_tune_is_checked_against_the_model_dirs_config(scan: Scan, tmp_pa
 # and by key where one file uses several.
 CONFIG_OF = {"tests/unit/compat/test_finetune_train.py": FINETUNE, "tests/e2e/test_finetune_e2e.py": FINETUNE,
              "bench/gpu/check.sh": FINETUNE, "bench/bench_forgetting.py": FINETUNE,
+             "bench/bench_adapt.py": FINETUNE, "tests/unit/bench/test_bench_adapt.py": FINETUNE,
              ("tests/unit/features/test_stage1_robustness.py", "++model_conf.ctc_weight"):
                  ROOT / "conf" / "tiny_paraformer.yaml",
              ("tests/unit/features/test_stage1_robustness.py", "++encoder_conf.input_layer"):
