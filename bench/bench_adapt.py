@@ -10,8 +10,9 @@ For each FSDD speaker S (default: all five bundled ones):
    same for every N, so the sizes compare;
 3. the fine-tune, as a user runs it: ``run.sh --config conf/sensevoice_small.yaml --pretrained-dir
    <base>/exp/final``, with the base's dev set as ``--regression-dir`` (never trained on) and its training
-   set as ``--replay-dir``, and nothing else but ``++dataset_conf.num_workers=1`` (2 cores) and the seed;
-   options and overrides after ``--`` are added to every fine-tune (a variant; --label names its rows).
+   set as ``--replay-dir`` (unless --no-replay), and nothing else but ``++dataset_conf.num_workers=1``
+   (2 cores) and the seed; options and overrides after ``--`` are added to every fine-tune (a variant;
+   --label names its rows).
 
 Per speaker and N it prints the base model's WER on S's test set (stage 3's decode of the pretrained
 model), the fine-tuned one's, the relative reduction, the regression on the other speakers in points
@@ -90,15 +91,18 @@ def variant_args(extra: list[str]) -> tuple[list[str], list[str]]:
     return extra[:first], extra[first:]
 
 
-def finetune_command(run_dir: Path, corpus: Path, fold: Path, seed: int, extra: list[str]) -> list[str]:
-    """run.sh stages 0-3 of one fine-tune; ``extra``: run.sh options, then overrides (variant_args)."""
+def finetune_command(run_dir: Path, corpus: Path, fold: Path, seed: int, extra: list[str],
+                     replay: bool = True) -> list[str]:
+    """run.sh stages 0-3 of one fine-tune; ``extra``: run.sh options, then overrides (variant_args);
+    ``replay``: the base's training set as --replay-dir."""
     opts, overrides = variant_args(extra)
+    replayed = ["--replay-dir", str(fold / "data" / "train")] if replay else []
     return ["./run.sh", "--stage", "0", "--stop-stage", "3", "--config", CONFIG, "--corpus", "kaldi",
             "--corpus-dir", str(corpus), "--data-dir", str(run_dir / "data"),
             "--dump-dir", str(run_dir / "dump"), "--exp-dir", str(run_dir / "exp"),
             "--pretrained-dir", str(fold / "exp" / "final"),
-            "--regression-dir", str(fold / "data" / "dev"), "--replay-dir", str(fold / "data" / "train"),
-            *opts, "--", *CPU_ONLY, f"++seed={seed}", *overrides]
+            "--regression-dir", str(fold / "data" / "dev"), *replayed, *opts,
+            "--", *CPU_ONLY, f"++seed={seed}", *overrides]
 
 
 def cell(run_dir: Path, speaker: str, n: int, seed: int, rc: int) -> dict:
@@ -189,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="50,150", help="training recordings of the new speaker")
     parser.add_argument("--seeds", default="0", help="fine-tuning seeds (++seed)")
     parser.add_argument("--label", default="default", help="the variant's name: its rows' folder")
+    parser.add_argument("--no-replay", action="store_true", help="no --replay-dir (the base's training set)")
     args = parser.parse_args(own)
     setup_logging()
     work, loso, corpus_dir = args.work_dir.resolve(), args.loso_dir.resolve(), args.corpus_dir.resolve()
@@ -202,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             write_corpus(corpus, speaker_sets(corpus_dir, speaker, n))
             for seed in seeds:
                 run_dir = work / args.label / speaker / f"N{n}" / f"s{seed}"
-                rc, _ = run_logged(finetune_command(run_dir, corpus, fold, seed, extra), run_dir / "run.log",
-                                   REPO)
+                cmd = finetune_command(run_dir, corpus, fold, seed, extra, not args.no_replay)
+                rc, _ = run_logged(cmd, run_dir / "run.log", REPO)
                 cells.append(cell(run_dir, speaker, n, seed, rc))
                 log.info("%s N=%d seed %d: %s", speaker, n, seed, json.dumps(cells[-1]))
     text = table(cells, args.label)

@@ -78,3 +78,8 @@ def test_a_missing_decode_is_not_a_figure(tmp_path: Path) -> None:
     c = cell(tmp_path / "nothing", "a", 50, 0, 1)
     assert c["base_wer"] is None and c["relative_reduction"] is None and c["regression_points"] is None
     assert summary([c])[0]["relative_reduction"] is None
+
+
+def test_no_replay_leaves_out_the_replay_dir() -> None:
+    cmd = finetune_command(Path("/w/r"), Path("/w/c"), Path("/l/theo"), 0, [], replay=False)
+    assert "--replay-dir" not in cmd and cmd[cmd.index("--regression-dir") + 1] == "/l/theo/data/dev"
