@@ -45,7 +45,7 @@ train_engine=deepspeed  # deepspeed (ZeRO, --ds-config) or ddp (torch Distribute
 ds_config=ds_configs/ds_stage1_bf16.json  # DeepSpeed JSON: ZeRO stage 1/2/3 in bf16, or stage 1 in fp16
 pretrained_dir=         # local copy of the config's pretrained_model (empty: ModelScope cache or download)
 decode_dir=             # extra sets (a Kaldi dir or a FunASR .jsonl[.gz]) to decode and score in stage 3 (repeat the option for several)
-replay_dir=             # fine-tune: sets (Kaldi dir or .jsonl[.gz]) of general data mixed into every epoch, e.g. the old languages (repeatable)
+replay_dir=             # fine-tune: sets (Kaldi dir or .jsonl[.gz]) of general data mixed into every epoch, e.g. the old languages (repeatable); none: no replay (default with --regression-dir: the training set a model dir of this recipe records)
 replay_ratio=1          # replay utterances per new one, drawn anew each epoch (with --replay-dir or --pseudo-label-dir)
 pseudo_label_dir=       # fine-tune: a Kaldi dir of audio whose transcripts are gone, labelled by the pretrained model as replay
 pseudo_min_logprob=-0.3 # pseudo-labels whose mean token log-probability is below this are left out (and counted)
@@ -136,6 +136,18 @@ fi
 [[ ${nproc_per_node} =~ ^[1-9][0-9]*$ ]] || usage_error "--nproc-per-node must be auto or a positive integer"
 
 trap_signals
+# A fine-tune with a regression set replays the data the pretrained model was trained on when its dir
+# records that set (a model dir of this recipe) and no replay was asked for: without it bench/bench_adapt.py
+# measured up to +11.5 points on the old speakers, with it at most +1 (README). --replay-dir none: no replay.
+if [ -z "${replay_dir}" ] && [ -z "${pseudo_label_dir}" ] && [ -n "${regression_dir}" ] && [ -n "${pretrained_dir}" ]; then
+  replay_dir=$(python -m local.resolve_model --config "${config}" --pretrained-dir "${pretrained_dir}" --training-data) || exit 1
+  if [ -n "${replay_dir}" ]; then
+    log "replaying ${replay_dir}, the training set ${pretrained_dir} records, at --replay-ratio ${replay_ratio} (--replay-dir none: no replay)"
+  else
+    log "WARNING: --regression-dir without a replay set: a fine-tune on the new data alone may forget the old (give --replay-dir or --pseudo-label-dir)"
+  fi
+fi
+[ "${replay_dir}" != none ] || replay_dir=
 # The sets the fine-tune options add (set_names: the names import_dirs gives them in data/ and dump/).
 replay_sets=$(set_names replay "${replay_dir}")$([ -z "${pseudo_label_dir}" ] || set_names pseudo "${pseudo_label_dir}")
 regress_sets=$(set_names regress "${regression_dir}")

@@ -9,10 +9,10 @@ For each FSDD speaker S (default: all five bundled ones):
    (recording index < N / 10), dev = indices 15-19 (50), test = indices 20-49 (300); dev and test are the
    same for every N, so the sizes compare;
 3. the fine-tune, as a user runs it: ``run.sh --config conf/sensevoice_small.yaml --pretrained-dir
-   <base>/exp/final``, with the base's dev set as ``--regression-dir`` (never trained on) and its training
-   set as ``--replay-dir`` (unless --no-replay), and nothing else but ``++dataset_conf.num_workers=1``
-   (2 cores) and the seed; options and overrides after ``--`` are added to every fine-tune (a variant;
-   --label names its rows).
+   <base>/exp/final``, with the base's dev set as ``--regression-dir`` (never trained on), so that run.sh
+   replays the base's training set by default (--no-replay: ``--replay-dir none``), and nothing else
+   but ``++dataset_conf.num_workers=1`` (2 cores) and the seed; options and overrides after ``--`` are
+   added to every fine-tune (a variant; --label names its rows).
 
 Per speaker and N it prints the base model's WER on S's test set (stage 3's decode of the pretrained
 model), the fine-tuned one's, the relative reduction, the regression on the other speakers in points
@@ -39,6 +39,7 @@ from funasr_recipe.core.cli import program_parser, split_overrides
 from funasr_recipe.core.fmt import num as fmt
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.core.logged_run import run_logged
+from funasr_recipe.model.model_dir import recorded_training_data
 from funasr_recipe.scoring.across_runs import language_rate, train_seconds
 from recipes.common import Utt, split_list, write_kaldi_set
 from recipes.fsdd import BUNDLED, NAME, WORDS, speakers
@@ -94,9 +95,15 @@ def variant_args(extra: list[str]) -> tuple[list[str], list[str]]:
 def finetune_command(run_dir: Path, corpus: Path, fold: Path, seed: int, extra: list[str],
                      replay: bool = True) -> list[str]:
     """run.sh stages 0-3 of one fine-tune; ``extra``: run.sh options, then overrides (variant_args);
-    ``replay``: the base's training set as --replay-dir."""
+    ``replay``: the base's training set replayed, by run.sh's default where the base's model dir records
+    that set (stage 3 of a fold since it does), else by --replay-dir; without, --replay-dir none."""
     opts, overrides = variant_args(extra)
-    replayed = ["--replay-dir", str(fold / "data" / "train")] if replay else []
+    if not replay:
+        replayed = ["--replay-dir", "none"]
+    elif recorded_training_data(fold / "exp" / "final") == (fold / "data" / "train").resolve():
+        replayed = []
+    else:
+        replayed = ["--replay-dir", str(fold / "data" / "train")]
     return ["./run.sh", "--stage", "0", "--stop-stage", "3", "--config", CONFIG, "--corpus", "kaldi",
             "--corpus-dir", str(corpus), "--data-dir", str(run_dir / "data"),
             "--dump-dir", str(run_dir / "dump"), "--exp-dir", str(run_dir / "exp"),

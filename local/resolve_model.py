@@ -3,8 +3,11 @@
 Reads  the config's ``pretrained_model`` (hub name or directory, + overrides) and ``--pretrained-dir``;
 writes the resolved directory to stdout (nothing for a from-scratch config); funasr_recipe/model/
 pretrained.py finds it (a local dir, the ModelScope cache, or a download; offline, the command to run).
+With --training-data: the training set that --pretrained-dir's model says it was trained on (a model dir
+of this recipe, when the set is still there; nothing for a from-scratch config): run.sh's default replay.
 
   python -m local.resolve_model --config conf/sensevoice_small.yaml [--pretrained-dir DIR]
+  python -m local.resolve_model --config conf/sensevoice_small.yaml --pretrained-dir DIR --training-data
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from pathlib import Path
 
 from funasr_recipe.core.cli import program_parser, run_main, split_overrides
 from funasr_recipe.core.log import setup_logging
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.model.config import load_config, pretrained_model
+from funasr_recipe.model.model_dir import recorded_training_data
 from funasr_recipe.model.pretrained import resolve
 
 log = logging.getLogger(__name__)
@@ -24,6 +29,13 @@ log = logging.getLogger(__name__)
 
 def run(args: argparse.Namespace, overrides: list[str]) -> None:
     name = pretrained_model(load_config(args.config, overrides))
+    if args.training_data:
+        if args.pretrained_dir is None:
+            raise BadInputError("--training-data asks what --pretrained-dir's model was trained on: give it")
+        data = recorded_training_data(args.pretrained_dir) if name is not None else None
+        if data is not None:
+            print(data)
+        return
     if name is None:
         if args.pretrained_dir:
             log.warning("%s trains from scratch: --pretrained-dir %s is ignored", args.config,
@@ -37,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = program_parser(__doc__)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--pretrained-dir", type=Path, help="a local copy of the config's pretrained model")
+    parser.add_argument("--training-data", action="store_true",
+                        help="print the training set --pretrained-dir's model records (a model dir of this "
+                        "recipe), if it is still there, instead of the model's dir")
     args = parser.parse_args(own)
     setup_logging()
     return run_main(lambda: run(args, overrides), log)

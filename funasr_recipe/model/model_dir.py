@@ -36,6 +36,8 @@ BEFORE_LOAD: list[Callable[[Path], object]] = []
 
 
 MODEL_FILES = ("configuration.json", "config.yaml")
+# Stage 2's record of what a run trained with (train/resume_guard.py writes it): each option JSON-encoded.
+TRAIN_IDENTITY = "train_identity.json"
 
 
 def is_model_dir(path: Path) -> bool:
@@ -75,9 +77,35 @@ def make_model_dir(exp_dir: Path, checkpoint: str, out: Path, info: dict | None 
     configuration = {"framework": "pytorch", "task": "auto-speech-recognition",
                      "model": {"type": "funasr"}, "pipeline": {"type": "funasr-pipeline"},
                      "model_name_in_hub": {"ms": "", "hf": ""}, "file_path_metas": metas,
-                     "recipe": {"exp_dir": str(exp_dir.resolve()), "checkpoint": checkpoint, **(info or {})}}
+                     "recipe": {"exp_dir": str(exp_dir.resolve()), "checkpoint": checkpoint,
+                                **({"train_data": str(data)} if (data := training_data(exp_dir)) else {}),
+                                **(info or {})}}
     (out / "configuration.json").write_text(json.dumps(configuration, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def training_data(exp_dir: Path) -> Path | None:
+    """The stage-0 dir of the training set a run trained on (absolute; relative option values are the
+    recipe root's, where the stages run), from stage 2's record; None when unknown or gone."""
+    try:
+        identity = json.loads((exp_dir / TRAIN_IDENTITY).read_text(encoding="utf-8"))
+        data_dir, name = json.loads(identity["option.data-dir"]), json.loads(identity["option.train-set"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    path = (Path(data_dir) / name).resolve()
+    return path if path.is_dir() else None
+
+
+def recorded_training_data(model_dir: Path) -> Path | None:
+    """The training set a model dir of this recipe says it was trained on (configuration.json's
+    "recipe"), when that set is still there: what a fine-tune of it can replay. None for a hub model."""
+    try:
+        configuration = json.loads((model_dir / "configuration.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    recipe = configuration.get("recipe") if isinstance(configuration, dict) else None
+    data = recipe.get("train_data") if isinstance(recipe, dict) else None
+    return Path(data) if data and (Path(data) / "wav.scp").is_file() else None
 
 
 def model_label(model_dir: Path, tag: str, pretrained: bool = False) -> str:

@@ -26,10 +26,11 @@ from pathlib import Path
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.dist.markers import read_fingerprint
 from funasr_recipe.model.config import load_config
+from funasr_recipe.model.model_dir import TRAIN_IDENTITY
 
 log = logging.getLogger(__name__)
 
-IDENTITY = "train_identity.json"
+IDENTITY = TRAIN_IDENTITY
 SUPERSEDED = "superseded"
 # Keys that may change between a run and its resumption: they change how training is logged, checked or
 # kept, or let it go on for longer, not what the weights so far were trained on. max_epoch may only grow:

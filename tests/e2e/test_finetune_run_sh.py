@@ -81,3 +81,39 @@ def test_replay_given_as_a_data_jsonl(tmp_path: Path) -> None:
     bad.write_text(json.dumps(lines[0]) + "\n" + json.dumps({"key": "k k", "source": str(WAVS[0])}) + "\n")
     res = stage0(tmp_path / "b", "--replay-dir", str(bad))
     assert res.returncode != 0 and f"{bad}:2: key must be a string without whitespace" in res.stderr
+
+
+def recorded_model_dir(path: Path, train_data: Path | None) -> Path:
+    """A model dir as stage 3 writes one (the released architecture's config.yaml), recording the
+    training set it was trained on, or nothing as a hub model."""
+    from funasr_recipe.families.registry import SENSEVOICE
+    from funasr_recipe.model.released import released_path
+
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(released_path(SENSEVOICE.released).read_text())
+    recipe = {"exp_dir": str(path), "checkpoint": "model.pt.avg5"}
+    if train_data is not None:
+        recipe["train_data"] = str(train_data)
+    (path / "configuration.json").write_text(json.dumps({"recipe": recipe}))
+    return path
+
+
+def test_a_regression_set_replays_the_training_set_the_model_records(tmp_path: Path) -> None:
+    old = kaldi_dir(tmp_path / "old_train", [(f"theo-{w.stem}", str(w), "SEVEN") for w in WAVS[:5]])
+    regress = kaldi_dir(tmp_path / "old_dev", [(f"theo-{w.stem}", str(w), "SEVEN") for w in WAVS[5:8]])
+    finetune = ("--config", "conf/sensevoice_small.yaml", "--regression-dir", str(regress))
+    model = recorded_model_dir(tmp_path / "model", old)
+    res = stage0(tmp_path / "a", *finetune, "--pretrained-dir", str(model))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"replaying {old}, the training set {model} records" in res.stderr
+    assert len((tmp_path / "a" / "data" / "replay_old_train" / "data.jsonl").read_text().splitlines()) == 5
+    # Asked for none: none, and nothing said about a default.
+    res = stage0(tmp_path / "b", *finetune, "--pretrained-dir", str(model), "--replay-dir", "none")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "replaying" not in res.stderr and not list((tmp_path / "b" / "data").glob("replay_*"))
+    # A hub model records no training set: a warning, no replay.
+    hub = recorded_model_dir(tmp_path / "hub", None)
+    res = stage0(tmp_path / "c", *finetune, "--pretrained-dir", str(hub))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "--regression-dir without a replay set" in res.stderr
+    assert not list((tmp_path / "c" / "data").glob("replay_*"))

@@ -187,6 +187,8 @@ def test_conformer_ctc_family_runs_stages_1_to_5(prepared: Path) -> None:
     recipe = json.loads((exp / "final" / "configuration.json").read_text())["recipe"]
     assert recipe["checkpoint"] in recipe["averaged"] or recipe["checkpoint"].startswith("model.pt.avg")
     assert "why" in recipe["validation"] and len(list(exp.glob("model.pt.avg*"))) <= 1
+    # The training set it came from, which a fine-tune with --regression-dir replays by default.
+    assert recipe["train_data"] == str((prepared / "data" / "train").resolve())
     for name in ("final/model.pt", "decode_dev/result.json", "RESULTS.md", "curves.png",
                  "export/model.onnx", "export/model_quant.onnx", "export/parity.json", "package.tar.gz",
                  "benchmark.json"):

@@ -82,4 +82,15 @@ def test_a_missing_decode_is_not_a_figure(tmp_path: Path) -> None:
 
 def test_no_replay_leaves_out_the_replay_dir() -> None:
     cmd = finetune_command(Path("/w/r"), Path("/w/c"), Path("/l/theo"), 0, [], replay=False)
-    assert "--replay-dir" not in cmd and cmd[cmd.index("--regression-dir") + 1] == "/l/theo/data/dev"
+    assert cmd[cmd.index("--replay-dir") + 1] == "none"
+    assert cmd[cmd.index("--regression-dir") + 1] == "/l/theo/data/dev"
+
+
+def test_a_base_that_records_its_training_set_is_replayed_by_run_shs_default(tmp_path: Path) -> None:
+    fold = tmp_path / "theo"
+    (fold / "data" / "train").mkdir(parents=True)
+    (fold / "data" / "train" / "wav.scp").write_text("a /a.wav\n")
+    (fold / "exp" / "final").mkdir(parents=True)
+    (fold / "exp" / "final" / "configuration.json").write_text(json.dumps(
+        {"recipe": {"train_data": str(fold / "data" / "train")}}))
+    assert "--replay-dir" not in finetune_command(tmp_path / "r", tmp_path / "c", fold, 0, [])
