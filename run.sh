@@ -136,16 +136,9 @@ fi
 [[ ${nproc_per_node} =~ ^[1-9][0-9]*$ ]] || usage_error "--nproc-per-node must be auto or a positive integer"
 
 trap_signals
-# A fine-tune with a regression set replays the data the pretrained model was trained on when its dir
-# records that set (a model dir of this recipe) and no replay was asked for: without it bench/bench_adapt.py
-# measured up to +11.5 points on the old speakers, with it at most +1 (README). --replay-dir none: no replay.
-if [ -z "${replay_dir}" ] && [ -z "${pseudo_label_dir}" ] && [ -n "${regression_dir}" ] && [ -n "${pretrained_dir}" ]; then
-  replay_dir=$(python -m local.resolve_model --config "${config}" --pretrained-dir "${pretrained_dir}" --training-data) || exit 1
-  if [ -n "${replay_dir}" ]; then
-    log "replaying ${replay_dir}, the training set ${pretrained_dir} records, at --replay-ratio ${replay_ratio} (--replay-dir none: no replay)"
-  else
-    log "WARNING: --regression-dir without a replay set: a fine-tune on the new data alone may forget the old (give --replay-dir or --pseudo-label-dir)"
-  fi
+# A fine-tune with a regression set and no replay source replays the data its model records (default_replay).
+if [ -z "${replay_dir}${pseudo_label_dir}" ] && [ -n "${regression_dir}" ] && [ -n "${pretrained_dir}" ]; then
+  replay_dir=$(default_replay "${config}" "${pretrained_dir}" "${replay_ratio}") || exit 1
 fi
 [ "${replay_dir}" != none ] || replay_dir=
 # The sets the fine-tune options add (set_names: the names import_dirs gives them in data/ and dump/).
@@ -362,14 +355,7 @@ if [ "${stage}" -le 3 ] && [ "${stop_stage}" -ge 3 ]; then
     done
     await_average  # when every set was scored already
   done
-  if [ "${node_rank}" -eq 0 ]; then
-    gate_rc=0; [ -n "${regress_sets}" ] || rm -f "${exp_dir}"/regression.{json,md}  # no stale gate in RESULTS.md
-    [ -z "${regress_sets}" ] || python -m local.regression gate --exp-dir "${exp_dir}" --sets "${regress_sets}" \
-      --max-regression "${max_regression}" --fatal "${regression_fatal}" 2>&1 | tee "${exp_dir}/log/regression.log" >&2 || gate_rc=1
-    python -m local.results_md --exp-dir "${exp_dir}" --out "${exp_dir}/RESULTS.md"
-    log "${exp_dir}/RESULTS.md:"; cat "${exp_dir}/RESULTS.md" >&2
-    [ "${gate_rc}" -eq 0 ] || { log "ERROR: the regression gate failed (above and in ${exp_dir}/regression.json); --regression-fatal false only warns"; exit 1; }
-  fi
+  [ "${node_rank}" -ne 0 ] || gate_and_results "${exp_dir}" "${regress_sets}" "${max_regression}" "${regression_fatal}" || exit 1
 fi
 
 if [ "${stage}" -le 4 ] && [ "${stop_stage}" -ge 4 ]; then
