@@ -21,7 +21,8 @@ model), the fine-tuned one's, the relative reduction, the regression on the othe
 Reads  the bundled FSDD (or --corpus-dir) and each fold's run;
 writes <work>/corpora/<S>/N<n>/ (the Kaldi dirs), <work>/<label>/<S>/N<n>/s<seed>/ (each fine-tune's
        data, dump and exp), <work>/<label>/adapt.json and adapt.md (the table it prints).
-A rerun skips what run.sh's own .done markers say is finished, so an interrupted benchmark resumes.
+A rerun reads back each scored fine-tune (its cell.json; the checkpoints are gone) and skips what run.sh's
+own .done markers say is finished, so an interrupted benchmark resumes.
 
   .venv/bin/python -m bench.bench_adapt [--work-dir adapt] [--loso-dir loso] [--sizes 50,150] \\
       [--seeds 0] [--speakers george,theo] [--label default] [-- --replay-ratio 2 ++optim_conf.lr=0.001]
@@ -126,6 +127,22 @@ def cell(run_dir: Path, speaker: str, n: int, seed: int, rc: int) -> dict:
             "train_seconds": train_seconds(exp / "train.log")}
 
 
+def scored_cell(cmd: list[str], run_dir: Path, speaker: str, n: int, seed: int) -> dict:
+    """One fine-tune's figures: read back from ``<run_dir>/cell.json`` when an earlier run of the bench
+    scored it, else ``cmd`` is run and scored; a finished fine-tune's checkpoints are then deleted (about
+    650 MB each: the bench's sixty-odd fine-tunes filled an 80 GB disk), keeping final/, decodes and logs."""
+    saved = run_dir / "cell.json"
+    if saved.is_file():
+        return json.loads(saved.read_text(encoding="utf-8"))
+    rc, _ = run_logged(cmd, run_dir / "run.log", REPO)
+    figures = cell(run_dir, speaker, n, seed, rc)
+    if rc == 0:
+        saved.write_text(json.dumps(figures) + "\n", encoding="utf-8")
+        for ckpt in (run_dir / "exp").glob("model.pt*"):  # per epoch, latest, best (DeepSpeed: dirs)
+            shutil.rmtree(ckpt) if ckpt.is_dir() else ckpt.unlink()
+    return figures
+
+
 def _mean(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known and len(known) == len(values) else None
@@ -215,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             for seed in seeds:
                 run_dir = work / args.label / speaker / f"N{n}" / f"s{seed}"
                 cmd = finetune_command(run_dir, corpus, fold, seed, extra, not args.no_replay)
-                rc, _ = run_logged(cmd, run_dir / "run.log", REPO)
-                cells.append(cell(run_dir, speaker, n, seed, rc))
+                cells.append(scored_cell(cmd, run_dir, speaker, n, seed))
                 log.info("%s N=%d seed %d: %s", speaker, n, seed, json.dumps(cells[-1]))
     text = table(cells, args.label)
     out = work / args.label

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.bench_adapt import cell, finetune_command, speaker_sets, summary, table, variant_args
+from bench.bench_adapt import cell, finetune_command, scored_cell, speaker_sets, summary, table, variant_args
 from recipes.fsdd import BUNDLED
 
 
@@ -94,3 +94,18 @@ def test_a_base_that_records_its_training_set_is_replayed_by_run_shs_default(tmp
     (fold / "exp" / "final" / "configuration.json").write_text(json.dumps(
         {"recipe": {"train_data": str(fold / "data" / "train")}}))
     assert "--replay-dir" not in finetune_command(tmp_path / "r", tmp_path / "c", fold, 0, [])
+
+
+def test_a_scored_fine_tune_loses_its_checkpoints_and_is_read_back(tmp_path: Path) -> None:
+    run = _run(tmp_path, "r", 0.40, 0.20, 0.10, 0.11)
+    (run / "exp" / "model.pt.ep1").mkdir()
+    (run / "exp" / "model.pt.ep1" / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    (run / "exp" / "model.pt").write_bytes(b"x")
+    failed = scored_cell(["false"], run, "a", 50, 0)  # a failed run keeps everything for a look
+    assert failed["rc"] == 1 and (run / "exp" / "model.pt").exists() and not (run / "cell.json").exists()
+    first = scored_cell(["true"], run, "a", 50, 0)
+    assert first["rc"] == 0 and first["relative_reduction"] == pytest.approx(0.5)
+    assert not list((run / "exp").glob("model.pt*"))
+    assert (run / "exp" / "decode_test" / "result.json").is_file()
+    # A rerun of the bench reads the cell back: the command (which would fail now) is not run again.
+    assert scored_cell(["false"], run, "a", 50, 0) == first
