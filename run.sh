@@ -46,7 +46,7 @@ ds_config=ds_configs/ds_stage1_bf16.json  # DeepSpeed JSON: ZeRO stage 1/2/3 in 
 pretrained_dir=         # local copy of the config's pretrained_model (empty: ModelScope cache or download)
 decode_dir=             # extra sets (a Kaldi dir or a FunASR .jsonl[.gz]) to decode and score in stage 3 (repeat the option for several)
 replay_dir=             # fine-tune: sets (Kaldi dir or .jsonl[.gz]) of general data mixed into every epoch, e.g. the old languages (repeatable); none: no replay (default with --regression-dir: the training set a model dir of this recipe records)
-replay_ratio=1          # replay utterances per new one, drawn anew each epoch (with --replay-dir or --pseudo-label-dir)
+replay_ratio=auto       # replay utterances per new one, drawn anew each epoch; auto: 3 for the replay run.sh picks itself (bench_adapt), else 1
 pseudo_label_dir=       # fine-tune: a Kaldi dir of audio whose transcripts are gone, labelled by the pretrained model as replay
 pseudo_min_logprob=-0.3 # pseudo-labels whose mean token log-probability is below this are left out (and counted)
 freeze=                 # fine-tune: comma-separated parameter prefixes that keep their weights (funasr's freeze_param), e.g. encoder
@@ -138,8 +138,10 @@ fi
 trap_signals
 # A fine-tune with a regression set and no replay source replays the data its model records (default_replay).
 if [ -z "${replay_dir}${pseudo_label_dir}" ] && [ -n "${regression_dir}" ] && [ -n "${pretrained_dir}" ]; then
+  [ "${replay_ratio}" != auto ] || replay_ratio=3  # bench_adapt: at 1 a fine-tune cost the old speakers up to +3 points
   replay_dir=$(default_replay "${config}" "${pretrained_dir}" "${replay_ratio}") || exit 1
 fi
+[ "${replay_ratio}" != auto ] || replay_ratio=1
 [ "${replay_dir}" != none ] || replay_dir=
 # The sets the fine-tune options add (set_names: the names import_dirs gives them in data/ and dump/).
 replay_sets=$(set_names replay "${replay_dir}")$([ -z "${pseudo_label_dir}" ] || set_names pseudo "${pseudo_label_dir}")

@@ -147,7 +147,8 @@ check_options() {  # run.sh's option values (its globals): usage_error on the fi
   [ "${node_rank}" -lt "${nnodes}" ] || usage_error "--node-rank ${node_rank} is not below --nnodes ${nnodes}"
   have_recipes=$(cd recipes && for d in */prepare.py; do printf '%s ' "${d%/prepare.py}"; done)
   [ -d "recipes/${corpus}" ] || usage_error "--corpus ${corpus}: no recipes/${corpus}/ (have: ${have_recipes})"
-  for n in replay_ratio max_regression; do [[ ${!n} =~ ^[0-9]+([.][0-9]+)?$ ]] || usage_error "--${n//_/-} must be a number >= 0, got '${!n}'"; done
+  [[ ${replay_ratio} =~ ^(auto|[0-9]+([.][0-9]+)?)$ ]] || usage_error "--replay-ratio must be auto or a number >= 0, got '${replay_ratio}'"
+  [[ ${max_regression} =~ ^[0-9]+([.][0-9]+)?$ ]] || usage_error "--max-regression must be a number >= 0, got '${max_regression}'"
   [[ ${pseudo_min_logprob} =~ ^-?[0-9]+([.][0-9]+)?$ ]] || usage_error "--pseudo-min-logprob must be a number, got '${pseudo_min_logprob}'"
   [[ ${adapter} =~ ^(none|lora)$ ]] || usage_error "--adapter must be none or lora, got '${adapter}'"; [[ ${lora_rank} =~ ^[1-9][0-9]*$ ]] \
     || usage_error "--lora-rank must be a positive integer, got '${lora_rank}'"

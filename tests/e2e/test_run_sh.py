@@ -55,7 +55,7 @@ def test_help_lists_every_option() -> None:
     (["--strict", "maybe"], "--strict must be true or false"),
     (["--adapter", "qlora"], "--adapter must be none or lora"),
     (["--lora-rank", "0"], "--lora-rank must be a positive integer"),
-    (["--replay-ratio", "-1"], "--replay-ratio must be a number >= 0"),
+    (["--replay-ratio", "-1"], "--replay-ratio must be auto or a number >= 0"),
     (["--max-regression", "one"], "--max-regression must be a number >= 0"),
     (["--pseudo-min-logprob", "low"], "--pseudo-min-logprob must be a number"),
     (["--regression-fatal", "yes"], "--regression-fatal must be true or false"),
