@@ -13,9 +13,10 @@ writes the scan's cache (~/.cache/funasr_recipe/config_keys.json).
 
 The overrides: a run.sh option written after ``--``, a Hydra syntax error, what Hydra itself refuses (``+``
 on a key the config has, ``key=``/``~key`` on one it lacks), a key funasr does not read
-(``unknown key dataset_conf.batchsize (did you mean dataset_conf.batch_size?)``) and a value of another
+(``unknown key dataset_conf.batchsize (did you mean dataset_conf.batch_size?)``), a value of another
 type than the config's or the reading code's default (``optim_conf.lr=abc: expected a number (the config
-has 0.002)``; an integer for a number is fine).
+has 0.002)``; an integer for a number is fine), and a value of a recipe key that its reader refuses
+(``feats_storage``: float32 or uint16).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from omegaconf import OmegaConf
 from funasr_recipe.core.cli import EXIT_BAD_INPUT, program_parser, run_main, split_overrides
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.core.rejections import BadInputError
-from funasr_recipe.model.config import pretrained_model
+from funasr_recipe.model.config import feats_storage, pretrained_model
 from funasr_recipe.model.overrides import ANY, Keys, Scan, merge_keys, type_tag
 
 log = logging.getLogger(__name__)
@@ -296,7 +297,9 @@ def problems_of(args: argparse.Namespace, overrides: list[str]) -> list[str]:
     scan = Scan()
     ours, merged = configs(args.config, args.pretrained_dir)
     problems = check_overrides(overrides, ours, merged, str(args.config), scan)
-    checks = [(check_ds_config, (args.ds_config,))] if args.ds_config else []
+    # The recipe's own keys, whose values stage 1 would refuse only once it starts.
+    checks = [(feats_storage, (OmegaConf.create(with_overrides(ours, overrides)),))]
+    checks += [(check_ds_config, (args.ds_config,))] if args.ds_config else []
     checks += [(check_cmvn, (path, with_overrides(merged, overrides), scan)) for path in args.cmvn]
     for check, check_args in checks:
         try:

@@ -1,6 +1,7 @@
 """Stage 1: fbank features of every set, computed once by every process of every node; node 0 merges.
 
-Reads  <data-dir>/<set>/data.jsonl (stage 0) and the model config's ``frontend_conf`` (+ overrides);
+Reads  <data-dir>/<set>/data.jsonl (stage 0) and the model config's ``frontend_conf`` and ``feats_storage``
+(+ overrides; float32, or uint16 for half the bytes: funasr_recipe/features/storage.py);
 ``work`` (each rank) writes <dump-dir>/<set>/shards/ for its shards (funasr_recipe/features/dump.py);
 ``merge`` (node 0) waits for all shards, writes <dump-dir>/<set>/{data.jsonl,feats.scp,rejected.tsv,
 report.json}, <dump-dir>/<train-set>/am.mvn and, for a from-scratch model, the tokenizer in
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> None:
     cfg = config.load_config(args.config, args.overrides)
     conf = config.fbank_conf(cfg)
     plans = plan_sets(args.data_dir, args.dump_dir, args.sets.split(), args.train_set, args.speed_perturb,
-                      args.shard_size, conf, args.world_size)
+                      args.shard_size, conf, args.world_size, config.feats_storage(cfg))
     if args.mode == "work":
         compute_shards(plans, conf, args.rank, args.world_size, args.strict)
         return

@@ -1,7 +1,8 @@
 """Whole training batches of stage-1 features in one pass: read, LFR, CMVN and padding into one buffer.
 
-Reads Kaldi ark matrices at ``<ark>:<offset>`` (stage 1 writes float32 ``FM`` matrices, read here with
-one ``pread`` each; any other kind goes through kaldiio); writes nothing to disk.
+Reads Kaldi ark matrices at ``<ark>:<offset>`` (stage 1 writes float32 ``FM`` matrices, or 2-byte ``CM2``
+ones with ``feats_storage: uint16``: each read here with one ``pread``, a ``CM2`` decoded into a float32
+buffer as kaldiio decodes it; any other kind goes through kaldiio); writes nothing to disk.
 
 Why: funasr's collator gets one tensor per utterance and pads them (a second copy of every frame),
 and a batch built in a DataLoader worker crosses to the training process as four tensors, each
@@ -32,12 +33,16 @@ import torch
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data.shm_pool import SlotPool, rebuild
 from funasr_recipe.features.cmvn import lfr
+from funasr_recipe.features.storage import HEADER_BYTES, decode_cm2
 
 # b"\0B", b"FM ", then the rows and the columns, each an int32 after its size byte 4.
 HEADER = 15
 _HEADER_DTYPE = np.dtype([("binary", "S2"), ("kind", "S3"), ("s1", "u1"), ("rows", "<i4"), ("s2", "u1"),
                           ("cols", "<i4")])
 _ALIGN = 16  # the header is read one byte into the buffer, so that the floats start 16-byte aligned
+# A "CM2" matrix (features/storage.py): b"\0B", b"CM2 ", then its float32 min and range, rows and columns.
+_CM2_DTYPE = np.dtype([("binary", "S2"), ("kind", "S3"), ("space", "u1"), ("min", "<f4"), ("range", "<f4"),
+                       ("rows", "<i4"), ("cols", "<i4")])
 
 
 class ArkReader:
@@ -49,6 +54,7 @@ class ArkReader:
         self.max_open = max_open
         self._fds: OrderedDict[str, int] = OrderedDict()
         self._buf = np.empty(0, dtype=np.uint8)
+        self._decoded = np.empty(0, dtype=np.float32)  # a CM2 matrix's values, overwritten by the next
 
     def read(self, source: str, frames: int, dim: int) -> np.ndarray:
         """(frames, dim) float32 matrix at ``source``; ``frames`` is a hint (one read when right).
@@ -57,7 +63,7 @@ class ArkReader:
             path, offset = source.rsplit(":", 1)
             fd = self._fd(path)
             mat = self._pread(fd, int(offset), frames, dim)
-            if mat is None:  # not a float32 matrix: kaldiio knows every other kind
+            if mat is None:  # neither FM nor CM2 (what stage 1 writes): kaldiio knows every other kind
                 mat = np.ascontiguousarray(kaldiio.load_mat(source))
         except Exception as e:  # kaldiio raises bare Exceptions, OSError, ValueError...
             raise RuntimeError(f"cannot read features {source}: {e}; rerun stage 1") from e
@@ -69,16 +75,33 @@ class ArkReader:
         if got < HEADER:
             raise BadInputError(f"ark ends {got} bytes after the offset, inside the matrix header")
         head = np.frombuffer(self._buf, dtype=_HEADER_DTYPE, count=1, offset=1)[0]
-        if head["binary"] != b"\0B" or head["kind"] != b"FM ":
+        if head["binary"] != b"\0B":
             return None
-        rows, cols = int(head["rows"]), int(head["cols"])
-        need = HEADER + rows * cols * 4
+        if head["kind"] == b"FM ":
+            rows, cols = int(head["rows"]), int(head["cols"])
+            self._read_whole(fd, offset, got, HEADER + rows * cols * 4, f"{rows}x{cols} matrix")
+            data = np.frombuffer(self._buf, dtype=np.float32, count=rows * cols, offset=_ALIGN)
+            return data.reshape(rows, cols)
+        if head["kind"] != b"CM2" or head["s1"] != ord(" "):
+            return None
+        size = HEADER_BYTES["uint16"]
+        got = self._read_whole(fd, offset, got, size, "CM2 matrix header")  # longer than an FM one
+        cm2 = np.frombuffer(self._buf, dtype=_CM2_DTYPE, count=1, offset=1)[0]
+        rows, cols = int(cm2["rows"]), int(cm2["cols"])
+        self._read_whole(fd, offset, got, size + rows * cols * 2, f"{rows}x{cols} CM2 matrix")
+        if self._decoded.size < rows * cols:
+            self._decoded = np.empty(max(rows * cols, 2 * self._decoded.size), dtype=np.float32)
+        levels = np.frombuffer(self._buf, dtype="<u2", count=rows * cols, offset=1 + size)
+        out = self._decoded[: rows * cols]
+        return decode_cm2(levels, cm2["min"], cm2["range"], out=out).reshape(rows, cols)
+
+    def _read_whole(self, fd: int, offset: int, got: int, need: int, what: str) -> int:
+        """Bytes in the buffer once it holds ``need`` from ``offset`` (read again if the hint was short)."""
         if need > got:  # the hint was short (or wrong): read the whole matrix now that its size is known
             got = self._read_into(fd, offset, need)
             if got < need:
-                raise BadInputError(f"ark ends inside a {rows}x{cols} matrix ({got} of {need} bytes)")
-        data = np.frombuffer(self._buf, dtype=np.float32, count=rows * cols, offset=_ALIGN)
-        return data.reshape(rows, cols)
+                raise BadInputError(f"ark ends inside a {what} ({got} of {need} bytes)")
+        return got
 
     def _read_into(self, fd: int, offset: int, size: int) -> int:
         if self._buf.size < size + 1:

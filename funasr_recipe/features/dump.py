@@ -21,7 +21,9 @@ utterance's rejection (file, line, key, reason), fatal under --strict. A key wri
 stage-0 lines: kaldiio would write both and the scp point them at one offset.
 
 The JSONL keeps stage 0's fields; ``source`` becomes ``<ark>:<offset>`` and ``source_len`` the number
-of 10 ms fbank frames (before low-frame-rate stacking), which is what ``batch_size`` then counts.
+of 10 ms fbank frames (before low-frame-rate stacking), which is what ``batch_size`` then counts. The arks
+hold float32 matrices, or Kaldi's 2-byte compressed ones with storage "uint16" (features/storage.py: half
+the bytes); the CMVN statistics are those of the matrices as they are read back.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from funasr_recipe.dist.slicing import my_shards, num_shards, shard_size_for
 from funasr_recipe.features.audio import AudioError, load_audio
 from funasr_recipe.features.cmvn import CmvnStats, cmvn_name, write_am_mvn
 from funasr_recipe.features.shard_sums import RECORD, check_shards, recheck, record, refuse_merge
+from funasr_recipe.features.storage import DEFAULT as DEFAULT_STORAGE
+from funasr_recipe.features.storage import compression, stored
 
 if TYPE_CHECKING:  # fbank imports torch (2 s): the merge's readers (features/targets.py, results) need none
     from funasr_recipe.features.fbank import FbankConf, FbankExtractor
@@ -64,6 +68,7 @@ class SetPlan:
     factors: tuple[float, ...]
     shard_size: int
     fingerprint: str
+    storage: str = DEFAULT_STORAGE  # features/storage.py: how the arks hold the matrices
 
     @property
     def n_jobs(self) -> int:
@@ -81,9 +86,9 @@ class SetPlan:
 
 
 def plan_set(data_dir: Path, dump_dir: Path, name: str, factors: tuple[float, ...], shard_size: int,
-             conf: FbankConf, world_size: int = 1) -> SetPlan:
-    """Plan one set: count its lines and fingerprint its input, features and perturbation; shards of
-    ``shard_size`` jobs at most, fewer where that would leave one of ``world_size`` processes idle."""
+             conf: FbankConf, world_size: int = 1, storage: str = DEFAULT_STORAGE) -> SetPlan:
+    """Plan one set: count its lines and fingerprint its input, features, perturbation and storage; shards
+    of ``shard_size`` jobs at most, fewer where that would leave one of ``world_size`` processes idle."""
     jsonl = data_dir / name / "data.jsonl"
     if not jsonl.is_file():
         raise FileNotFoundError(f"{jsonl} is missing: run stage 0 first")
@@ -96,9 +101,11 @@ def plan_set(data_dir: Path, dump_dir: Path, name: str, factors: tuple[float, ..
     # "v2": the shard markers' layout of dist/markers.py (summary on line 3); older shards are redone.
     # The listing of what stage 0 read (data/sources.py): a recording replaced by one with the same header
     # leaves data.jsonl as it was, and its features must still be computed again.
+    # The storage only when it is not the default: float32 shards made before it was a choice stay valid.
     fp = fingerprint("stage-1 shard v2", digest.hexdigest(), conf.fingerprint(), factors, shard_size,
+                     *([f"storage {storage}"] if compression(storage) is not None else []),
                      contents=[data_dir / ".sources.tsv"])
-    return SetPlan(name, jsonl, dump_dir / name, n_lines, factors, shard_size, fp)
+    return SetPlan(name, jsonl, dump_dir / name, n_lines, factors, shard_size, fp, storage)
 
 
 def speed_key(key: str, factor: float) -> str:
@@ -168,7 +175,8 @@ def compute_shard(plan: SetPlan, shard: int, lines: list[tuple[int, dict]], extr
     start = time.perf_counter()
     # Absolute paths in the scp and JSONL: training may run from another directory.
     ark, scp = plan.shard_path(shard, "ark").resolve(), plan.shard_path(shard, "scp").resolve()
-    with kaldiio.WriteHelper(f"ark,scp:{ark},{scp}") as writer, \
+    method = compression(plan.storage)
+    with kaldiio.WriteHelper(f"ark,scp:{ark},{scp}", compression_method=method) as writer, \
             open(plan.shard_path(shard, "rejected.tsv"), "w", encoding="utf-8") as rej:
         written: set[str] = set()
         for lineno, obj in lines:
@@ -199,7 +207,7 @@ def compute_shard(plan: SetPlan, shard: int, lines: list[tuple[int, dict]], extr
                     raise duplicate_key_error(plan, key)
                 written.add(key)
                 writer[key] = feats
-                stats.add_lfr(feats, conf.lfr_m, conf.lfr_n)
+                stats.add_lfr(stored(feats, plan.storage), conf.lfr_m, conf.lfr_n)
                 accepted.append((key, {**obj, "speed": factor}, feats.shape[0]))
                 audio_s += wave.shape[0] / rate / factor
             progress.update(len(jobs))
@@ -219,9 +227,10 @@ def compute_shard(plan: SetPlan, shard: int, lines: list[tuple[int, dict]], extr
 
 
 def plan_sets(data_dir: Path, dump_dir: Path, sets: list[str], train_set: str, speed_perturb: str,
-              shard_size: int, conf: FbankConf, world_size: int = 1) -> list[SetPlan]:
+              shard_size: int, conf: FbankConf, world_size: int = 1,
+              storage: str = DEFAULT_STORAGE) -> list[SetPlan]:
     """A plan per set for ``world_size`` processes; ``speed_perturb`` ("0.9 1.0 1.1") applies to the
-    training set only."""
+    training set only; every set's arks hold ``storage`` (features/storage.py)."""
     factors = tuple(float(f) for f in speed_perturb.split())
     if not factors or any(not 0.5 <= f <= 2.0 for f in factors):
         raise BadInputError(f"--speed-perturb '{speed_perturb}': factors must lie in [0.5, 2]")
@@ -231,7 +240,7 @@ def plan_sets(data_dir: Path, dump_dir: Path, sets: list[str], train_set: str, s
         raise BadInputError(f"--speed-perturb '{speed_perturb}': factor {twice[0]:g} is given more than "
                             "once; each copy of an utterance needs its own key")
     return [plan_set(data_dir, dump_dir, name, factors if name == train_set else (1.0,), shard_size, conf,
-                     world_size) for name in sets]
+                     world_size, storage) for name in sets]
 
 
 def compute_shards(plans: list[SetPlan], conf: FbankConf, rank: int, world_size: int, strict: bool) -> None:
@@ -246,9 +255,9 @@ def compute_shards(plans: list[SetPlan], conf: FbankConf, rank: int, world_size:
         finished = {plan.shard_path(s, "done"): s for s in mine if s not in todo}
         failed = recheck(finished, f"{plan.out}: rank {rank}")
         todo = sorted(todo + [finished[m] for m in failed])
-        log.info("%s: rank %d of %d: %d of its %d shards to compute (%d jobs in all, %s)", plan.out,
-                 rank, world_size, len(todo), len(mine), plan.n_jobs,
-                 "speeds " + "/".join(f"{f:g}" for f in plan.factors))
+        log.info("%s: rank %d of %d: %d of its %d shards to compute (%d jobs in all, %s, %s storage)",
+                 plan.out, rank, world_size, len(todo), len(mine), plan.n_jobs,
+                 "speeds " + "/".join(f"{f:g}" for f in plan.factors), plan.storage)
         if not todo:
             continue
         (plan.out / "shards").mkdir(parents=True, exist_ok=True)
@@ -324,7 +333,8 @@ def merge_set(plan: SetPlan, conf: FbankConf, world_size: int, timeout: float) -
         "frames": totals["frames"], "hours": round(totals["audio_s"] / 3600, 4),
         "compute_s": round(totals["compute_s"], 2),
         "realtime_factor_per_process": round(totals["audio_s"] / max(totals["compute_s"], 1e-9), 1),
-        "shards": plan.n_shards, "fbank": asdict(conf), "fingerprint": plan.fingerprint,
+        "shards": plan.n_shards, "fbank": asdict(conf), "storage": plan.storage,
+        "fingerprint": plan.fingerprint,
     }
     (plan.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     log.info("%s: %d of %d jobs accepted, %d rejected %s; %.2f h of features, %.0fx realtime per process",

@@ -7,6 +7,7 @@ model, and whether the model starts from a pretrained one (whose ``am.mvn`` and 
 Recipe-only keys, which funasr ignores:
   ``build_tokenizer: {kind, vocab_size, sp_type}``  a from-scratch model's tokenizer (stage 1 builds it)
   ``pretrained_model: <hub name or dir>``           fine-tune this model (stage 2 resolves it)
+  ``feats_storage: float32 | uint16``               how stage 1 stores the features (features/storage.py)
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ def tokenizer_spec(cfg: DictConfig) -> dict | None:
         return None
     spec = cfg.get("build_tokenizer")
     return None if spec is None else OmegaConf.to_container(spec, resolve=True)
+
+
+def feats_storage(cfg: DictConfig) -> str:
+    """How stage 1 stores the features: ``feats_storage`` (default float32); BadInputError for any other
+    value."""
+    from funasr_recipe.features.storage import DEFAULT, check_storage
+
+    return check_storage(cfg.get("feats_storage", DEFAULT), "feats_storage")
 
 
 def funasr_config(cfg: DictConfig, pretrained_dir: Path | None = None) -> dict:

@@ -127,6 +127,23 @@ def test_every_batch_is_bit_identical_to_the_per_utterance_path(dumped: Path, da
             assert_same(batch, reference_batch(train.dataset, indices))
 
 
+def test_batches_of_uint16_features_are_those_kaldiio_decodes(dumped: Path, tmp_path: Path) -> None:
+    """``feats_storage: uint16`` (Kaldi's CM2 matrices): the reader decodes them itself, and every batch
+    is the per-utterance path's on kaldiio's decoding, across a worker too."""
+    lines = jsonl(dumped / "train" / "data.jsonl")
+    ark, scp = tmp_path / "u16.ark", tmp_path / "u16.scp"
+    with kaldiio.WriteHelper(f"ark,scp:{ark},{scp}", compression_method=3) as writer:
+        for line in lines:
+            writer(line["key"], kaldiio.load_mat(line["source"]))
+    sources = dict(row.split(" ", 1) for row in scp.read_text().splitlines())
+    small = tmp_path / "u16.jsonl"
+    small.write_text("".join(json.dumps({**line, "source": sources[line["key"]]}) + "\n" for line in lines))
+    for workers in (0, 1):
+        train, _ = loader(dumped, "FbankSenseVoiceCTCDataset", workers, small).build_iter(epoch=0)
+        for indices, batch in zip(list(train.batch_sampler), train, strict=True):
+            assert_same(batch, reference_batch(train.dataset, indices))
+
+
 def test_wrong_lengths_in_the_jsonl_change_nothing(dumped: Path, tmp_path: Path) -> None:
     lines = jsonl(dumped / "train" / "data.jsonl")
     for i, line in enumerate(lines):  # off by up to a few LFR frames either way, or missing

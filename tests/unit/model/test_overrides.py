@@ -243,6 +243,18 @@ def test_the_program_exits_2_with_one_line_per_problem(tmp_path: Path, capsys: p
     assert capsys.readouterr().err == ""  # silent when all is well
 
 
+def test_a_recipe_keys_value_is_checked_before_any_stage(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``feats_storage`` is known (model/config.py reads it), and a value stage 1 would refuse is named."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert main(["--config", str(TINY), "--", "++feats_storage=uint16"]) == 0
+    assert main(["--config", str(FINETUNE), "--", "++feats_storage=float32"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["--config", str(TINY), "--", "++feats_storage=float16"]) == 2
+    assert "feats_storage: 'float16' is not a feature storage; expected one of float32, uint16" in \
+        capsys.readouterr().err
+
+
 def test_the_check_is_fast_and_imports_neither_torch_nor_funasr(tmp_path: Path) -> None:
     """run.sh runs it first on every node: under 2 s with the scan cached, torch and funasr never imported
     (``python -X importtime -m local.check_config ...`` shows what it imports)."""
