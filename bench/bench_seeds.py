@@ -3,11 +3,14 @@
 A 4.4 M-parameter model trained from scratch on 2,000 clips ends several WER points apart when only its
 seed changes, so one run cannot say whether a config change helped. This runs, from the repo root,
 
-  ./run.sh --stage 0 --stop-stage 1 --config <config> --data-dir <work>/data --dump-dir <work>/dump
+  ./run.sh --stage 0 --stop-stage 1 --config <config> --data-dir <work>/data --dump-dir <work>/dump \
+      [-- overrides]
   ./run.sh --stage 2 --stop-stage 3 --config <config> ... --exp-dir <work>/seed<N> -- ++seed=<N> [overrides]
 
-(stages 0-1 once: the features do not depend on the seed), then prints each seed's dev CER and WER,
-its best and last validation loss (the training curve, from <exp>/curves.tsv), their mean and range.
+(stages 0-1 once: the features do not depend on the seed; the overrides go to both, as stage 1 reads the
+config too: ``++feats_storage=uint16`` decides how it stores the features), then prints each seed's dev
+CER and WER, its best and last validation loss (the training curve, from <exp>/curves.tsv), their mean
+and range.
 
 Reads  <work>/seed<N>/decode_dev/result.json and <work>/seed<N>/curves.tsv;
 writes <work>/ (the runs), <work>/seeds.json and <work>/seeds.md (the table it prints).
@@ -38,9 +41,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def seed_commands(work: Path, config: str, seed: int, overrides: list[str]) -> list[list[str]]:
-    """run.sh's stages 0-1 (shared by every seed, skipped once done) and the seed's stages 2-3."""
+    """run.sh's stages 0-1 (shared by every seed, skipped once done) and the seed's stages 2-3; the
+    overrides go to both (stage 1 reads the frontend and ``feats_storage`` from the config)."""
     dirs = ["--config", config, "--data-dir", str(work / "data"), "--dump-dir", str(work / "dump")]
-    return [["./run.sh", "--stage", "0", "--stop-stage", "1", *dirs],
+    prep = ["--", *overrides] if overrides else []
+    return [["./run.sh", "--stage", "0", "--stop-stage", "1", *dirs, *prep],
             ["./run.sh", "--stage", "2", "--stop-stage", "3", *dirs, "--exp-dir", str(work / f"seed{seed}"),
              "--", f"++seed={seed}", *overrides]]
 

@@ -15,6 +15,13 @@ def test_stages_0_1_are_shared_and_each_seed_trains_into_its_own_dir() -> None:
     assert train[train.index("--stage") + 1] == "2" and train[train.index("--stop-stage") + 1] == "3"
     assert train[train.index("--exp-dir") + 1] == "/w/seed2"
     assert train[train.index("--") + 1:] == ["++seed=2", "++scheduler=warmup_cosine"]
+    # Stage 1 reads the config too (++feats_storage=uint16 decides its shards); the seed is stage 2's.
+    assert prep[prep.index("--") + 1:] == ["++scheduler=warmup_cosine"]
+
+
+def test_without_overrides_stages_0_1_get_no_separator() -> None:
+    prep, train = seed_commands(Path("/w"), "conf/tiny_sensevoice.yaml", 0, [])
+    assert "--" not in prep and train[train.index("--") + 1:] == ["++seed=0"]
 
 
 def _row(seed: int, errors: int, n_ref: int, losses: list[float]) -> dict:
