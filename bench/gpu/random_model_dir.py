@@ -33,6 +33,8 @@ from funasr_recipe.dist.markers import fingerprint, is_done, mark_done, marker_i
 from funasr_recipe.families.registry import SENSEVOICE
 from funasr_recipe.features.cmvn import CmvnStats, write_am_mvn
 from funasr_recipe.features.fbank import FbankExtractor
+from funasr_recipe.model.architecture import build_model as build_network
+from funasr_recipe.model.architecture import parameter_count as count_parameters
 from funasr_recipe.model.config import fbank_conf
 from funasr_recipe.model.model_dir import make_model_dir
 from funasr_recipe.model.released import released_path
@@ -61,25 +63,9 @@ def architecture(size: str) -> DictConfig:
 
 
 def build_model(cfg: DictConfig, device: str = "cpu") -> torch.nn.Module:
-    """The network of ``cfg``, randomly initialised, as funasr's ``AutoModel.build_model`` builds it (the
-    frontend gives the input size, the released vocabulary the output size). ``device="meta"`` allocates
-    no weights: the parameter count in seconds."""
-    import funasr  # noqa: F401  (importing it registers the model and frontend classes)
-    from funasr.register import tables
-    from funasr.utils.misc import deep_update
-
-    kwargs = OmegaConf.to_container(cfg, resolve=True)
-    with torch.device(device):
-        frontend = tables.frontend_classes.get(cfg.frontend)(**{**kwargs["frontend_conf"], "cmvn_file": None})
-        kwargs.update(frontend=frontend, input_size=frontend.output_size(), vocab_size=SENSEVOICE_VOCAB_SIZE)
-        model_conf: dict = {}
-        deep_update(model_conf, kwargs.get("model_conf", {}))
-        deep_update(model_conf, kwargs)
-        return tables.model_classes.get(cfg.model)(**model_conf)
-
-
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+    """The network of ``cfg``, randomly initialised (model/architecture.py), with the released vocabulary's
+    output layer. ``device="meta"`` allocates no weights: the parameter count in seconds."""
+    return build_network(cfg, SENSEVOICE_VOCAB_SIZE, device)
 
 
 def write_am_mvn_of(data_jsonl: Path, cfg: DictConfig, path: Path, utterances: int) -> None:

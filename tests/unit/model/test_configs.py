@@ -31,19 +31,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from funasr_recipe.data.batching import SourceLengths
 from funasr_recipe.data.feats_dataset import FBANK_DATASETS
+from funasr_recipe.model.architecture import build_model, frontend_of, resolved
 from funasr_recipe.model.config import fbank_conf, load_config, pretrained_model, tokenizer_spec
 from funasr_recipe.model.released import released_config
 from funasr_recipe.model.tokenizer import KINDS
 from funasr_recipe.model.trainer import register_recipe_classes
 from funasr_recipe.train import lr_schedule
-from tests.helpers.configs import (
-    ROOT,
-    TINY,
-    build_model,
-    frontend_of,
-    random_batch,
-    resolved,
-)
+from tests.helpers.configs import ROOT, TINY, random_batch
 
 # The recipe's classes and schedule in funasr's registry, as stage 2 puts them there before training.
 register_recipe_classes()

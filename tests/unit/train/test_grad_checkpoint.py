@@ -21,8 +21,9 @@ import pytest
 import torch
 from torch.utils._pytree import tree_leaves
 
+from funasr_recipe.model.architecture import build_model, frontend_of, resolved
 from funasr_recipe.train import grad_checkpoint
-from tests.helpers.configs import build_model, frontend_of, random_batch, resolved
+from tests.helpers.configs import random_batch
 
 ROOT = Path(__file__).resolve().parents[3]
 # Config -> the block lists enable() must find (funasr 1.4.16's attribute names).
