@@ -223,13 +223,16 @@ def configs(config: Path, pretrained_dir: Path | None) -> tuple[dict, dict]:
         raise FileNotFoundError(f"model config not found: {config}")
     ours = _load(config)
     name = pretrained_model(OmegaConf.create(ours))
+    from funasr_recipe.model.pretrained import cached, check_fits
+
+    check_fits(config, name, ours.get("model"), pretrained_dir)
     if name is None or "model_conf" in ours:
         return ours, ours
-    from funasr_recipe.model.pretrained import cached
 
     if pretrained_dir is not None and not pretrained_dir.is_dir():
         raise BadInputError(f"--pretrained-dir {pretrained_dir}: no such directory")
     model_dir = pretrained_dir or (Path(name) if Path(name).is_dir() else cached(name))
+    check_fits(config, name, ours.get("model"), pretrained_dir, model_dir)
     if model_dir is not None and (model_dir / "config.yaml").is_file():
         base = _load(model_dir / "config.yaml")
     else:  # not downloaded yet (stage 2 does it): the architecture the recipe records for the family

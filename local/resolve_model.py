@@ -1,8 +1,9 @@
 """Stage 2 (and 3): the local directory of the pretrained model a config fine-tunes.
 
 Reads  the config's ``pretrained_model`` (hub name or directory, + overrides) and ``--pretrained-dir``;
-writes the resolved directory to stdout (nothing for a from-scratch config); funasr_recipe/model/
-pretrained.py finds it (a local dir, the ModelScope cache, or a download; offline, the command to run).
+writes the resolved directory to stdout (nothing for a from-scratch config, where --pretrained-dir is an
+error); funasr_recipe/model/pretrained.py finds it (a local dir, the ModelScope cache, or a download;
+offline, the command to run) and checks that it holds the config's model class.
 With --training-data: the training set that --pretrained-dir's model says it was trained on (a model dir
 of this recipe, when the set is still there; nothing for a from-scratch config): run.sh's default replay.
 
@@ -22,13 +23,14 @@ from funasr_recipe.core.log import setup_logging
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.model.config import load_config, pretrained_model
 from funasr_recipe.model.model_dir import recorded_training_data
-from funasr_recipe.model.pretrained import resolve
+from funasr_recipe.model.pretrained import check_fits, resolve
 
 log = logging.getLogger(__name__)
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> None:
-    name = pretrained_model(load_config(args.config, overrides))
+    cfg = load_config(args.config, overrides)
+    name = pretrained_model(cfg)
     if args.training_data:
         if args.pretrained_dir is None:
             raise BadInputError("--training-data asks what --pretrained-dir's model was trained on: give it")
@@ -36,12 +38,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
         if data is not None:
             print(data)
         return
-    if name is None:
-        if args.pretrained_dir:
-            log.warning("%s trains from scratch: --pretrained-dir %s is ignored", args.config,
-                        args.pretrained_dir)
-        return
-    print(resolve(name, args.pretrained_dir))
+    model_dir = None if name is None else resolve(name, args.pretrained_dir)
+    check_fits(args.config, name, cfg.get("model"), args.pretrained_dir, model_dir)
+    if model_dir is not None:
+        print(model_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

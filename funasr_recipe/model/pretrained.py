@@ -2,9 +2,11 @@
 
 Reads  a hub name or directory (the config's ``pretrained_model``) and an optional local copy; returns
 the local directory. Offline with a hub name that is not cached, it fails at once with the command that
-downloads the model, instead of letting funasr's trainer retry the hub on every rank.
+downloads the model, instead of letting funasr's trainer retry the hub on every rank. ``check_fits``
+refuses a model dir that the config cannot fine-tune (a from-scratch config, another model class).
 
   resolve("iic/SenseVoiceSmall", pretrained_dir=None)  # -> Path of the model dir
+  check_fits(Path("conf/sensevoice_small.yaml"), "iic/SenseVoiceSmall", "SenseVoiceSmall", d, model_dir=d)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import socket
 from pathlib import Path
 
+from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.model.model_dir import MODEL_FILES, is_model_dir
 
 log = logging.getLogger(__name__)
@@ -64,3 +67,31 @@ def resolve(name: str, pretrained_dir: Path | None = None) -> Path:
 
     log.info("%s: downloading from ModelScope", name)
     return Path(snapshot_download(name))
+
+
+def check_fits(config: Path, name: str | None, config_model: str | None, pretrained_dir: Path | None,
+               model_dir: Path | None = None) -> None:
+    """BadInputError when the model dir cannot be what ``config`` fine-tunes: a from-scratch config (no
+    ``pretrained_model``, ``name`` None) reads no --pretrained-dir, and would train from scratch under a
+    fine-tune's name; a model dir whose config.yaml names another class than the config's ``model:``
+    (funasr merges the config over the model's own, so the config's class would be built with the other
+    model's settings and fail far from the cause)."""
+    if name is None:
+        if pretrained_dir is not None:
+            raise BadInputError(f"{config} trains from scratch (no pretrained_model), so nothing reads "
+                                f"--pretrained-dir {pretrained_dir}: fine-tune it with a config that has "
+                                "pretrained_model (conf/sensevoice_small.yaml, conf/paraformer.yaml)")
+        return
+    conf = None if model_dir is None else model_dir / "config.yaml"
+    if config_model is None or conf is None or not conf.is_file():
+        return
+    from omegaconf import OmegaConf
+
+    theirs = OmegaConf.load(conf).get("model")
+    if theirs is not None and str(theirs) != str(config_model):
+        fitting = sorted(p.name for p in config.parent.glob("*.yaml")
+                         if "pretrained_model:" in (text := p.read_text(encoding="utf-8"))
+                         and f"\nmodel: {theirs}\n" in text)
+        hint = f": use {' or '.join(fitting)}" if fitting else ""
+        raise BadInputError(f"{model_dir} holds a {theirs} model and {config} fine-tunes {config_model}"
+                            f"{hint} (the config picks the training settings, the model dir the model)")
