@@ -53,6 +53,10 @@ def build_model_dir(root: Path, family: str, data: Path) -> Path:
     """A random-init model of ``family`` written by model/model_dir.py, as stage 3 writes one."""
     from funasr import AutoModel
 
+    from funasr_recipe.model.trainer import register_recipe_classes
+
+    register_recipe_classes()  # ConformerCTC is the recipe's: a test file run alone had not imported it
+
     config_name, kind = FAMILIES[family]
     cfg = OmegaConf.load(ROOT / "conf" / config_name)
     spec = cfg.pop("build_tokenizer")
