@@ -24,27 +24,39 @@ start_dir=${PWD}
 run_sh=$(readlink -f "$0")
 cd "$(dirname "${run_sh}")"
 # NOTE: GNU nproc obeys OMP_NUM_THREADS, which path.sh sets to 1 for the ranks; count cores without it.
-ncpu=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+ncpu=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # the CPU cores of this machine
 
 # ---- options (every option is --name value; --name-with-dashes and --name_with_underscores both work)
+# -- Stages, model, experiment
 stage=0                 # first stage to run (-1 preflight alone, 0 data, 1 features, 2 train, 3 decode, 4 export, 5 package, 6 serve)
 stop_stage=5            # last stage to run (6: the HTTP service, which runs until stopped)
 config=conf/tiny_sensevoice.yaml  # model + training config (Hydra yaml) in conf/
+exp_dir=                # experiment dir (empty: exp/<config name>)
+# -- Stage 0: data preparation and validation
 corpus=fsdd             # corpus recipe, a folder of recipes/: your data (kaldi jsonl lhotse audiofolder) or a public corpus (fsdd speechocean762 mandarin_syllables aishell1 librispeech)
 corpus_dir=             # corpus root in its upstream layout (empty: the recipe's default; fsdd: the bundled copy)
 prep_opts=              # extra options for the corpus recipe, e.g. "--dev-speakers theo,lucas"
 data_dir=data           # Kaldi data dirs and JSONL (stage 0)
-dump_dir=dump           # features (stage 1)
-exp_dir=                # experiment dir (empty: exp/<config name>)
 nj=${ncpu}              # CPU processes per node for data preparation and features (the same on every node)
+strict=false            # true: stop at the first bad utterance instead of rejecting it
+allow_pipes=false       # true: accept Kaldi pipe entries ("cmd |") in wav.scp
+max_duration=60         # utterances longer than this many seconds are rejected
+# -- Stage 1: features
+dump_dir=dump           # features (stage 1)
 speed_perturb="0.9 1.0 1.1"  # speed factors for extra training copies (stage 1); "1.0" for none
 shard_size=1000         # utterances per feature shard: the unit of work and of resumption (stage 1)
 feats_type=fbank        # fbank: train on stage-1 features; raw: funasr decodes audio every epoch
-local_cache=            # node-local dir (NVMe, /dev/shm): each node copies the shards stage 2 reads there first (empty: reads dump/)
+# -- Stage 2: training
 train_engine=deepspeed  # deepspeed (ZeRO, --ds-config) or ddp (torch DistributedDataParallel)
 ds_config=ds_configs/ds_stage1_bf16.json  # DeepSpeed JSON: ZeRO stage 1/2/3 in bf16, or stage 1 in fp16
 pretrained_dir=         # local copy of the config's pretrained_model (empty: ModelScope cache or download)
-decode_dir=             # extra sets (a Kaldi dir or a FunASR .jsonl[.gz]) to decode and score in stage 3 (repeat the option for several)
+local_cache=            # node-local dir (NVMe, /dev/shm): each node copies the shards stage 2 reads there first (empty: reads dump/)
+grad_checkpoint=false   # true: recompute the encoder's activations in backward (less memory, slower steps)
+oom_probe=true          # true: run the largest batches of epoch 0 once before training, to fail fast on OOM
+memory_limit_gib=       # memory per process the OOM probe allows (empty: the GPU's; on CPU host RAM / processes)
+max_bad_steps=10        # bad steps in a row (non-finite or exploding loss or gradient; each is skipped) that stop training (0: never)
+restart=false           # true: stage 2 starts over, moving the old run to <exp>/superseded/<time>/ (else a run under other settings is refused)
+# -- Fine-tuning: replay, frozen layers, adapters, regression gate (stages 0, 2, 3)
 replay_dir=             # fine-tune: sets (Kaldi dir or .jsonl[.gz]) of general data mixed into every epoch, e.g. the old languages (repeatable); none: no replay (default with --regression-dir: the training set a model dir of this recipe records)
 replay_ratio=auto       # replay utterances per new one, drawn anew each epoch; auto: 3 for the replay run.sh picks itself (bench_adapt), else 1
 pseudo_label_dir=       # fine-tune: a Kaldi dir of audio whose transcripts are gone, labelled by the pretrained model as replay
@@ -56,10 +68,10 @@ lora_targets=linear_q_k_v,linear_out,w_1,w_2  # linear layers that get adapters:
 regression_dir=         # fine-tune: sets (Kaldi dir or .jsonl[.gz]) that must not get worse (per language; utt2lang if not the corpus's) (repeatable)
 max_regression=1.0      # absolute error-rate points a --regression-dir may lose before the gate fails (stage 3)
 regression_fatal=true   # true: run.sh exits 1 naming the set when the gate fails; false: it only warns
+# -- Stage 3: decoding and scoring
+decode_dir=             # extra sets (a Kaldi dir or a FunASR .jsonl[.gz]) to decode and score in stage 3 (repeat the option for several)
 decode_batch_size=32    # utterances per decoding batch at most (stage 3)
-strict=false            # true: stop at the first bad utterance instead of rejecting it
-allow_pipes=false       # true: accept Kaldi pipe entries ("cmd |") in wav.scp
-max_duration=60         # utterances longer than this many seconds are rejected
+# -- Cluster: nodes, processes, network
 nnodes=${NNODES:-${SLURM_NNODES:-1}}           # number of nodes
 node_rank=${NODE_RANK:-${SLURM_NODEID:-0}}     # rank of this node, 0..nnodes-1
 master_addr=${MASTER_ADDR:-}                   # address of node 0 (empty: the first node of the Slurm job, else 127.0.0.1)
@@ -69,42 +81,18 @@ wait_timeout=7200       # seconds a node waits for node 0 to finish a node-0-onl
 preflight=true          # true: stage 2 first checks that the nodes agree (code, packages, config, data, shared dirs)
 comm_profile=default    # NCCL/torch.distributed variables: default, ethernet, infiniband or debug (yours are kept)
 socket_ifname=          # network interface the nodes reach each other on (NCCL_SOCKET_IFNAME), e.g. ib0
+# -- Monitoring (stage 2)
 metrics_port=0          # Prometheus endpoint on local rank 0 of each node while training (0: off)
-grad_checkpoint=false   # true: recompute the encoder's activations in backward (less memory, slower steps)
-oom_probe=true          # true: run the largest batches of epoch 0 once before training, to fail fast on OOM
-memory_limit_gib=       # memory per process the OOM probe allows (empty: the GPU's; on CPU host RAM / processes)
-restart=false           # true: stage 2 starts over, moving the old run to <exp>/superseded/<time>/ (else a run under other settings is refused)
-max_bad_steps=10        # bad steps in a row (non-finite or exploding loss or gradient; each is skipped) that stop training (0: never)
+# -- Stage 6: HTTP service
 serve_host=127.0.0.1    # address the HTTP service listens on (stage 6; 0.0.0.0: every interface)
 serve_port=8000         # port of the HTTP service (stage 6)
 serve_precision=fp32    # fp32 (model.onnx) or int8 (model_quant.onnx): the model the HTTP service runs (stage 6)
 # ---- end of options
 
-. ./local/run_lib.sh  # only functions (no command runs): sourced before path.sh, for the option helpers
-option_names=$(option_names_of "${run_sh}")
-help_message=$(options_help "${run_sh}" "$0")
-
+. ./local/run_lib.sh  # only functions (no command runs): sourced before path.sh
+. ./local/run_options.sh  # the option block's --help, parsing and checks
 usage_error() { echo "${help_message}" >&2; echo >&2; echo "ERROR: $*" >&2; exit 2; }
-
-hydra_overrides=()
-replay_args=()
-while [ $# -gt 0 ]; do
-  case $1 in
-    -h|--help) echo "${help_message}"; exit 0 ;;
-    --) shift; hydra_overrides=("$@")
-      for o in "$@"; do [[ ${o} != --* ]] || usage_error "${o} comes after --: run.sh options go before --, trainer overrides after"; done
-      break ;;
-    --*=*) name=${1%%=*}; value=${1#*=}; shift ;;
-    --*) name=$1; [ $# -ge 2 ] || usage_error "option $1 needs a value"; value=$2; shift 2 ;;
-    *) usage_error "unexpected argument '$1' (options are --name value; trainer overrides go after --)" ;;
-  esac
-  var=${name#--}; var=${var//-/_}
-  grep -qx "${var}" <<< "${option_names}" || usage_error "unknown option ${name}"
-  # --decode-dir, --replay-dir, --regression-dir may be repeated: the dirs accumulate, newline-separated.
-  if [[ ${var} =~ ^(decode|replay|regression)_dir$ ]] && [ -n "${!var}" ]; then value=${!var}$'\n'${value}; fi
-  printf -v "${var}" '%s' "${value}"
-  case ${var} in stage|stop_stage|node_rank|restart) ;; *) replay_args+=("--${var//_/-}" "${value##*$'\n'}") ;; esac
-done
+parse_options "${run_sh}" "$0" "$@"  # sets the options, option_names, help_message, hydra_overrides, replay_args
 
 # A relative --corpus-dir means relative to where run.sh was started; everything else is relative to
 # the recipe root, where run.sh runs (Kaldi's convention, also for relative paths inside wav.scp).

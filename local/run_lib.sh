@@ -1,27 +1,7 @@
-# Helpers of run.sh's option parsing and stage bodies, sourced by run.sh before it parses its options:
+# Helpers of run.sh's stage bodies, sourced by run.sh before it parses its options:
 # only function definitions. Every input is an argument; what they take from run.sh is its log() (which
-# stamps the node), its usage_error(), and check_options() reads the option variables themselves.
+# stamps the node) and its usage_error(). The options themselves: local/run_options.sh.
 # shellcheck shell=bash
-
-# --- options: run.sh's "# ---- options" block, every option a commented variable (ESPnet's convention)
-option_lines() {  # run_sh: the block's assignment lines
-  sed -n '/^# ---- options/,/^# ---- end of options/p' "$1" | grep -E '^[a-z_]+='
-}
-option_names_of() {  # run_sh: the option variables' names, one per line
-  option_lines "$1" | sed -E 's/=.*//'
-}
-options_help() {  # run_sh program: the --help text, each option with its comment and default
-  echo "Usage: $2 [options] [-- hydra overrides for the trainer]
-Options (--name value; --name-with-dashes and --name_with_underscores both work):
-$(option_lines "$1" | awk '{ eq = index($0, "="); name = substr($0, 1, eq - 1); gsub(/_/, "-", name)
-         match($0, / +# /); def = substr($0, eq + 1, RSTART - eq - 1); text = substr($0, RSTART + RLENGTH)
-         printf "  --%-16s %s [default: %s]\n", name, text, def }')
-Node options default from NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT, then SLURM_NNODES/SLURM_NODEID.
-Everything after -- is handed to the funasr trainer verbatim, e.g. -- ++dataset_conf.batch_size=8000
-Exit status: 0 done; 1 a failure, or a bug (a Python traceback: please report it); 2 bad input or usage,
-one line that says what to fix. RECIPE_DEBUG=1 in the environment shows the traceback of bad input too.
-Example: $2 --stage 0 --stop-stage 0 --corpus kaldi --corpus-dir /data/my_kaldi_dirs"
-}
 
 # --- markers: the one marker system (funasr_recipe/dist/markers.py), also used by the Python stages.
 # A marker's first line is the fingerprint of what produced the work: a rerun with other inputs redoes
@@ -130,29 +110,6 @@ trap_signals() {  # [command]: on INT/TERM/HUP run the command, stop run.sh's ot
     trap "${1:+$1; }pkill -TERM -P $$ 2>/dev/null || true
       log 'ERROR: stopped by SIG${sig}; a rerun continues from the last finished work'; exit $((128 + $(kill -l "${sig}")))" "${sig}"
   done
-}
-# shellcheck disable=SC2154  # the option variables are run.sh's
-check_options() {  # run.sh's option values (its globals): usage_error on the first that is malformed
-  local n b have_recipes
-  for n in stage stop_stage; do [[ ${!n} =~ ^-?[0-9]+$ ]] || usage_error "--${n//_/-} must be an integer, got '${!n}'"; done
-  [ "${stop_stage}" -ge "${stage}" ] || usage_error "--stop-stage ${stop_stage} is below --stage ${stage}: no stage would run"
-  [[ ${nj} =~ ^[1-9][0-9]*$ ]] || usage_error "--nj must be a positive integer, got '${nj}'"
-  for n in nnodes node_rank master_port metrics_port max_bad_steps serve_port; do
-    [[ ${!n} =~ ^[0-9]+$ ]] || usage_error "--${n//_/-} must be a non-negative integer, got '${!n}'"; done
-  [[ ${serve_precision} =~ ^(fp32|int8)$ ]] || usage_error "--serve-precision must be fp32 or int8, got '${serve_precision}'"
-  [[ ${comm_profile} =~ ^(default|ethernet|infiniband|debug)$ ]] \
-    || usage_error "--comm-profile must be default, ethernet, infiniband or debug, got '${comm_profile}'"
-  [[ -z ${memory_limit_gib} || ${memory_limit_gib} =~ ^[0-9]+([.][0-9]+)?$ ]] \
-    || usage_error "--memory-limit-gib must be a number of GiB, got '${memory_limit_gib}'"
-  [ "${node_rank}" -lt "${nnodes}" ] || usage_error "--node-rank ${node_rank} is not below --nnodes ${nnodes}"
-  have_recipes=$(cd recipes && for d in */prepare.py; do printf '%s ' "${d%/prepare.py}"; done)
-  [ -d "recipes/${corpus}" ] || usage_error "--corpus ${corpus}: no recipes/${corpus}/ (have: ${have_recipes})"
-  [[ ${replay_ratio} =~ ^(auto|[0-9]+([.][0-9]+)?)$ ]] || usage_error "--replay-ratio must be auto or a number >= 0, got '${replay_ratio}'"
-  [[ ${max_regression} =~ ^[0-9]+([.][0-9]+)?$ ]] || usage_error "--max-regression must be a number >= 0, got '${max_regression}'"
-  [[ ${pseudo_min_logprob} =~ ^-?[0-9]+([.][0-9]+)?$ ]] || usage_error "--pseudo-min-logprob must be a number, got '${pseudo_min_logprob}'"
-  [[ ${adapter} =~ ^(none|lora)$ ]] || usage_error "--adapter must be none or lora, got '${adapter}'"; [[ ${lora_rank} =~ ^[1-9][0-9]*$ ]] \
-    || usage_error "--lora-rank must be a positive integer, got '${lora_rank}'"
-  for b in strict allow_pipes preflight grad_checkpoint oom_probe regression_fatal restart; do [[ ${!b} =~ ^(true|false)$ ]] || usage_error "--${b//_/-} must be true or false, got '${!b}'"; done
 }
 check_config() {  # config pretrained_dir ds_config dump_dir data_dir override...: local/check_config.py on the
   # overrides, the DeepSpeed JSON (if given) and the am.mvn files training reads: the model dir's, and stage 1's

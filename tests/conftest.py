@@ -69,8 +69,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def _heavy(words: list[str]) -> str | None:
-    """What of HEAVY_COMMANDS a command line runs (``bash -n run.sh`` only parses it), else None."""
+    """What of HEAVY_COMMANDS a command line runs (``bash -n run.sh`` only parses it, ``run.sh --help``
+    only prints), else None."""
     names = [Path(w).name for w in words]
+    if names[-1:] == ["--help"] and "run.sh" in names and "-m" not in names:
+        return None
     if names and names[0] in ("run.sh", "torchrun"):
         return names[0]
     if names and names[0] in ("bash", "sh") and "-n" not in names and "run.sh" in names:

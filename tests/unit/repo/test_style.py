@@ -20,8 +20,8 @@ PACKAGE = "funasr_recipe"
 LAYERS = ("core", "families", "dist", "features", "data", "model", "train", "compat", "scoring", "runtime",
           "reports", "packaging", "serving")
 PROGRAM_DIRS = ("local", "bench")  # every module there is a program (recipes/<corpus>/prepare.py too)
-SHELL = ("run.sh", "path.sh", "setup.sh", "local/run_lib.sh", ".ci/run", "bench/gpu/prepare.sh",
-         "bench/gpu/check.sh", "slurm/run.sbatch")
+SHELL = ("run.sh", "path.sh", "setup.sh", "local/run_lib.sh", "local/run_options.sh", ".ci/run",
+         "bench/gpu/prepare.sh", "bench/gpu/check.sh", "slurm/run.sbatch")
 
 
 def tracked(*patterns: str) -> list[Path]:
@@ -164,7 +164,7 @@ def test_cycle_check_catches_planted_cycles(tmp_path: Path) -> None:
 
 def test_local_holds_only_what_run_sh_calls() -> None:
     """Kaldi's convention: local/ is the recipe's programs, each one run by run.sh."""
-    driver = (ROOT / "run.sh").read_text() + (ROOT / "local" / "run_lib.sh").read_text()
+    driver = "".join(p.read_text() for p in (ROOT / "run.sh", *sorted((ROOT / "local").glob("run_*.sh"))))
     called = set(re.findall(r"-m local\.(\w+)", driver))
     programs = {p.stem for p in (ROOT / "local").glob("*.py") if p.stem != "__init__"}
     assert programs == called, {"never called": programs - called, "missing": called - programs}
