@@ -91,8 +91,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
     print(json.dumps({"final": str(final), "checkpoint": outcome.checkpoint, **outcome.info()}))
 
 
-def main(argv: list[str] | None = None) -> int:
-    own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("--exp-dir", type=Path, required=True)
     parser.add_argument("--num", type=int, help="checkpoints to average at most (default: the overrides' "
@@ -105,11 +105,16 @@ def main(argv: list[str] | None = None) -> int:
                         "the best checkpoint when the average's is higher (false: the average, unchecked)")
     parser.add_argument("--device", default="cpu", help="where the validation loss is computed (cpu, cuda)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    parser.add_argument("--final-dir", type=Path, help="default: <exp-dir>/final")
+    parser.add_argument("--final-dir", type=Path, help="the averaged model dir (default: <exp-dir>/final)")
     parser.add_argument("--done-fingerprint", help="then write <final-dir>/.done with this fingerprint")
     parser.epilog = (parser.epilog or "") + ("\n\nAfter --: the run's Hydra overrides; stage 3 reads "
                                              f"{NUM_KEY} from them and ignores the rest (stage 2's).")
-    args = parser.parse_args(own)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(own)
     setup_logging()
     return run_main(lambda: run(args, overrides), log)
 

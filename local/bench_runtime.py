@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FAILURE if missed and args.strict else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("--exp-dir", type=Path, required=True, help="exp/<tag>: reads export/, writes "
                         "benchmark.{md,json}")
@@ -97,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="timed passes over the set per row")
     parser.add_argument("--cpu-only", action="store_true", help="no CUDA rows even where CUDA is present")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is MISSED")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging()
     if args.threads < 1 or args.repeats < 1 or min(args.batch_sizes) < 1:

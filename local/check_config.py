@@ -312,15 +312,20 @@ def problems_of(args: argparse.Namespace, overrides: list[str]) -> list[str]:
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("--config", type=Path, required=True, help="the model config (conf/*.yaml)")
     parser.add_argument("--pretrained-dir", type=Path, help="the local copy of the config's pretrained model")
     parser.add_argument("--ds-config", type=Path, help="the DeepSpeed JSON stage 2 trains with")
     parser.add_argument("--cmvn", type=Path, action="append", default=[],
                         help="an am.mvn training reads (repeatable)")
-    args = parser.parse_args(own)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(own)
     setup_logging()
 
     def work() -> int:

@@ -41,14 +41,19 @@ def run(args: argparse.Namespace) -> None:
         print("\n".join(lines))
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
+    parser = program_parser(__doc__)
+    parser.add_argument("--profile", choices=PROFILES, default="default")
+    parser.add_argument("--socket-ifname", default="",
+                        help="NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, e.g. ib0, eth0")
+    parser.add_argument("--ib-hca", default="", help="NCCL_IB_HCA, e.g. mlx5_0,mlx5_1 (infiniband)")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     setup_logging()
-    p = program_parser(__doc__)
-    p.add_argument("--profile", choices=PROFILES, default="default")
-    p.add_argument("--socket-ifname", default="",
-                   help="NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, e.g. ib0, eth0")
-    p.add_argument("--ib-hca", default="", help="NCCL_IB_HCA, e.g. mlx5_0,mlx5_1 (infiniband)")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
     return run_main(lambda: run(args))
 
 

@@ -164,7 +164,8 @@ def _tokenizer_config(args: argparse.Namespace, cfg: DictConfig, built: Path | N
     return model_cfg
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("mode", choices=("work", "merge", "verify"))
     parser.add_argument("--config", type=Path, help="model config (conf/*.yaml); work and merge")
@@ -191,7 +192,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="verify: remove the failing shards' markers, their sets' merged lists and "
                              "<dump-dir>/.done, so that stage 1 recomputes them")
     parser.add_argument("--threads", type=int, default=8, help="verify: shards checked at once")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
     own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
     args = parser.parse_args(own)
     if args.mode != "verify" and (args.config is None or args.train_set is None):
         parser.error(f"{args.mode} needs --config and --train-set")

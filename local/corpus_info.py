@@ -8,6 +8,7 @@ Reads <data-dir>/corpus.json (written by the corpus recipe in stage 0); writes t
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from dataclasses import asdict
@@ -30,12 +31,17 @@ def field_value(data_dir: Path, field: str) -> str:
     return " ".join(value) if isinstance(value, list) else str(value)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("fields", nargs="+",
                         help="fields of corpus.json, e.g. sets, train_set, test_sets, language")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     setup_logging()
     return run_main(lambda: print("\n".join(field_value(args.data_dir, f) for f in args.fields)), log)
 

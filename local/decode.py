@@ -73,7 +73,8 @@ def merge(args: argparse.Namespace) -> None:
                      args.set_name or args.data_jsonl.parent.name, args.wait_timeout)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("mode", choices=("work", "merge"))
     parser.add_argument("--data-jsonl", type=Path, required=True, help="stage 0's data/<set>/data.jsonl")
@@ -90,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="work: wait (up to --wait-timeout) until MARKER holds FINGERPRINT before "
                         "reading --model-dir: run.sh starts the workers while it averages the model")
     parser.add_argument("--set-name", help="merge: the set's name in the results (default: its folder)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging()
     if args.model_dir is None and (args.mode == "work" or args.model_name is None):

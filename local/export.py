@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("--model-dir", type=Path, required=True, help="model dir in the hub's layout")
     parser.add_argument("--out", type=Path, required=True, help="export dir to write")
@@ -126,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="largest allowed |int8 - fp32| error rate (absolute)")
     parser.add_argument("--check-only", action="store_true",
                         help="rerun the parity check on the ONNX files already in --out")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging()
     if args.threads < 1 or args.parity_threads < 1:

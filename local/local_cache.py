@@ -14,6 +14,7 @@ writes <cache-dir>/<dump name>-<hash>/ (copies, rewritten lists, links, sidecars
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from pathlib import Path
@@ -25,7 +26,8 @@ from funasr_recipe.data.local_cache import fill
 log = logging.getLogger(__name__)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("--dump-dir", type=Path, required=True, help="the shared stage-1 dump dir")
     parser.add_argument("--cache-dir", type=Path, required=True, help="a node-local dir (NVMe, /dev/shm)")
@@ -34,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=8, help="files copied (and checked) at once")
     parser.add_argument("--reserve-gib", type=float, default=1.0,
                         help="GiB the copy must leave free (/dev/shm is memory the DataLoader workers use)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     setup_logging()
 
     def work() -> None:

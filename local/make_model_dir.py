@@ -28,13 +28,18 @@ def run(args: argparse.Namespace) -> None:
     log.info("%s: model dir in the hub's format from %s", out, args.exp_dir / args.checkpoint)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("--exp-dir", type=Path, required=True)
     parser.add_argument("--checkpoint", default="model.pt.best",
                         help="checkpoint under --exp-dir: a DeepSpeed tag dir or a state-dict file")
-    parser.add_argument("--out", type=Path, help="default: <exp-dir>/best_model")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, help="the model dir to write (default: <exp-dir>/best_model)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     setup_logging()
     return run_main(lambda: run(args), log)
 

@@ -99,8 +99,8 @@ def _resume(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    own, parts = split_overrides(sys.argv[1:] if argv is None else argv)
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     fp = sub.add_parser("fingerprint", help="print the fingerprint of the parts after -- and of files")
@@ -149,7 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     resume.add_argument("--node-rank", type=int, default=0)
     resume.add_argument("--restart", type=str2bool, default=False,
                         help="move the old run to <exp-dir>/superseded/<time>/ and start over")
-    args = parser.parse_args(own)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    own, parts = split_overrides(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(own)
     setup_logging()
     if args.command == "resume":
         return run_main(lambda: _resume(args, parts), log)

@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> None:
              exp_dir / "package.tar.gz", size)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("--exp-dir", type=Path, required=True, help="exp/<tag> holding export/ (stage 4)")
     parser.add_argument("--data-jsonl", type=Path, required=True, help="stage 0's data.jsonl of a test set")
@@ -57,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="Triton's max_batch_size and TensorRT's largest batch")
     parser.add_argument("--max-seconds", type=float, default=30.0,
                         help="longest speech of the TensorRT profile")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging()
     if args.max_batch < 1 or args.max_seconds <= MIN_SECONDS:

@@ -44,11 +44,16 @@ def run(args: argparse.Namespace) -> None:
                  "wait are not plotted", args.log)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("log", type=Path, help="funasr training log (exp/<tag>/train.log)")
     parser.add_argument("--out", type=Path, help="output path without suffix (default: <log dir>/curves)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     setup_logging()
     return run_main(lambda: run(args), log)
 

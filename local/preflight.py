@@ -27,24 +27,25 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = program_parser(__doc__)
-    p.add_argument("--nnodes", type=int, required=True)
-    p.add_argument("--node-rank", type=int, required=True)
-    p.add_argument("--master-addr", required=True)
-    p.add_argument("--master-port", type=int, required=True)
-    p.add_argument("--nproc-per-node", type=int, required=True)
-    p.add_argument("--device", choices=("cpu", "cuda"), required=True)
-    p.add_argument("--config", type=Path, required=True)
-    p.add_argument("--ds-config", type=Path, required=True)
-    p.add_argument("--data-dir", type=Path, default=Path("data"))
-    p.add_argument("--dump-dir", type=Path, default=Path("dump"))
-    p.add_argument("--exp-dir", type=Path, required=True)
-    p.add_argument("--options", default="", help="run.sh's options but --node-rank (they must agree)")
-    p.add_argument("--sizes-mib", default="1,16,64,256",
-                   help="all-reduce sizes of the bandwidth test, MiB, comma-separated (empty: no test)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the other nodes")
-    return p.parse_args(argv)
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
+    parser = program_parser(__doc__)
+    parser.add_argument("--nnodes", type=int, required=True)
+    parser.add_argument("--node-rank", type=int, required=True)
+    parser.add_argument("--master-addr", required=True)
+    parser.add_argument("--master-port", type=int, required=True)
+    parser.add_argument("--nproc-per-node", type=int, required=True)
+    parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--ds-config", type=Path, required=True)
+    parser.add_argument("--data-dir", type=Path, default=Path("data"))
+    parser.add_argument("--dump-dir", type=Path, default=Path("dump"))
+    parser.add_argument("--exp-dir", type=Path, required=True)
+    parser.add_argument("--options", default="", help="run.sh's options but --node-rank (they must agree)")
+    parser.add_argument("--sizes-mib", default="1,16,64,256",
+                        help="all-reduce sizes of the bandwidth test, MiB, comma-separated (empty: no test)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the other nodes")
+    return parser
 
 
 def run(args: argparse.Namespace) -> None:
@@ -62,8 +63,8 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     setup_logging()
-    args = parse_args(sys.argv[1:] if argv is None else argv)
     args.exp_dir.mkdir(parents=True, exist_ok=True)
     return run_main(lambda: run(args))
 

@@ -84,7 +84,8 @@ def run_overlap(data_dir: Path, sets: list[str], strict: bool) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("--set-dir", type=Path, help="Kaldi data dir to validate")
     parser.add_argument("--jsonl-to-kaldi", type=Path, help="instead: write this FunASR .jsonl[.gz] as the "
@@ -102,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop at the first bad entry (with --overlap: at any overlap)")
     parser.add_argument("--allow-pipes", type=str2bool, default=False, help="accept 'cmd |' wav.scp entries")
     parser.add_argument("--max-duration", type=float, default=60.0, help="reject longer utterances (s)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     sets = [s for s in re.split(r"[\s,]+", args.sets) if s]
     if args.overlap:

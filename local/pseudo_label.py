@@ -81,7 +81,8 @@ def merge(args: argparse.Namespace) -> None:
     merge_pseudo_labels(shards, args.wav_scp, args.min_logprob, args.dest, args.out)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("mode", choices=("work", "merge"))
     parser.add_argument("--wav-scp", type=Path, required=True,
@@ -93,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="merge: leave out hypotheses whose mean log-probability per emitted token is "
                         "below this (0 is certain; -1 is a mean probability of e^-1 = 0.37)")
     parser.add_argument("--dest", type=Path, help="merge: the Kaldi dir to write the kept ones to")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging()
     if args.mode == "work" and args.model_dir is None:

@@ -58,7 +58,8 @@ def run_gate(args: argparse.Namespace) -> None:
     log.warning("%s (--regression-fatal false: not stopping)", failure_message(doc))
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check", help="refuse a regression set in a language the model does not know")
@@ -70,10 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--sets", required=True,
                    help="set names, comma- or space-separated (decode_<set>{,_pretrained})")
     g.add_argument("--max-regression", type=float, default=1.0,
-                   help="largest allowed rise of the error rate, in absolute points (default 1.0)")
+                   help="largest allowed rise of the error rate, in absolute points")
     g.add_argument("--fatal", type=str2bool, default=True,
-                   help="true: exit 1 when a set fails; false: only warn (default true)")
-    args = parser.parse_args(argv)
+                   help="true: exit 1 when a set fails; false: only warn")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     setup_logging()
     return run_main(lambda: check(args) if args.command == "check" else run_gate(args), log)
 

@@ -44,15 +44,20 @@ def run(args: argparse.Namespace, overrides: list[str]) -> None:
         print(model_dir)
 
 
-def main(argv: list[str] | None = None) -> int:
-    own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--pretrained-dir", type=Path, help="a local copy of the config's pretrained model")
     parser.add_argument("--training-data", action="store_true",
                         help="print the training set --pretrained-dir's model records (a model dir of this "
                         "recipe), if it is still there, instead of the model's dir")
-    args = parser.parse_args(own)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(own)
     setup_logging()
     return run_main(lambda: run(args, overrides), log)
 

@@ -10,6 +10,7 @@ writes <exp-dir>/RESULTS.md (or --out); with --headline, prints one result's lin
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -29,11 +30,17 @@ def headline(result_json: Path) -> str:
             f"CER {100 * r['cer']['rate']:.2f}%")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("--exp-dir", type=Path, help="experiment dir (exp/<tag>)")
     parser.add_argument("--headline", type=Path, help="print this result.json's line and exit")
     parser.add_argument("--out", type=Path, help="output file (default: <exp-dir>/RESULTS.md)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging()
     if args.headline:

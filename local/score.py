@@ -9,6 +9,7 @@ writes <dir>/{per_utt.txt,result.txt,result.json}.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from pathlib import Path
@@ -33,10 +34,15 @@ def run(decode_dir: Path) -> None:
                     missing, res["missing_hyp"][0])
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("--dir", type=Path, required=True, help="decode dir (exp/<tag>/decode_<set>)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     setup_logging()
     return run_main(lambda: run(args.dir), log)
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import sys
 
-from funasr_recipe.serving.cli import main
+from funasr_recipe.serving.cli import build_parser, main
+
+__all__ = ["build_parser", "main"]  # build_parser: the options, for the docs' reference
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,6 +16,7 @@ writes <exp-dir>/: funasr's checkpoints, config.yaml, TensorBoard log, train_ski
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -35,11 +36,8 @@ from funasr_recipe.train import skipped
 log = logging.getLogger(__name__)
 
 
-def main(argv: list[str] | None = None) -> int:
-    # First: torchrun runs each rank in a session of its own, so if torchrun is killed (kill -9, OOM
-    # killer) nothing else stops this rank from training on unseen (funasr_recipe/core/lifetime.py).
-    die_with_parent()
-    own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+def build_parser() -> argparse.ArgumentParser:
+    """This program's options (its --help; the docs' reference is made from it)."""
     parser = program_parser(__doc__)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--exp-dir", type=Path, required=True)
@@ -84,7 +82,15 @@ def main(argv: list[str] | None = None) -> int:
                              "false: funasr's own code (bench/bench_train.py compares them)")
     parser.add_argument("--dry-run", type=str2bool, default=False,
                         help="print the Hydra command line and exit")
-    args = vars(parser.parse_args(own))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # First: torchrun runs each rank in a session of its own, so if torchrun is killed (kill -9, OOM
+    # killer) nothing else stops this rank from training on unseen (funasr_recipe/core/lifetime.py).
+    die_with_parent()
+    own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    args = vars(build_parser().parse_args(own))
     dry_run = args.pop("dry_run")
     fused = args.pop("fused_losses")
     hooks = HookOptions(metrics_port=args.pop("metrics_port"), grad_checkpoint=args.pop("grad_checkpoint"),

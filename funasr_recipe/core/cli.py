@@ -17,9 +17,14 @@ failures are logged with their traceback too (``DEBUG_ENV``; run.sh --help and t
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import os
+import re
+import sys
+import textwrap
 from collections.abc import Callable
+from typing import Any
 
 from funasr_recipe.core.rejections import BadInputError
 
@@ -34,11 +39,79 @@ EXIT_CODES_HELP = ("exit status: 0 done, 1 failure (or a bug: with a traceback),
                    f"(one line; {DEBUG_ENV}=1 shows its traceback)")
 
 
-def program_parser(description: str | None) -> argparse.ArgumentParser:
+def program_parser(description: str | None, **kwargs: Any) -> argparse.ArgumentParser:
     """The parser of a program (``local/``, ``bench/``): its docstring as the description, kept as written,
-    and the exit codes (with RECIPE_DEBUG) under the options of its --help."""
-    return argparse.ArgumentParser(description=description, epilog=EXIT_CODES_HELP,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    every option's default in its help (``HelpFormatter``), the exit codes (with RECIPE_DEBUG) under the
+    options, and ``python -m <module>`` as the program's name in its usage line. ``kwargs`` go to
+    ArgumentParser."""
+    settings = {"prog": program_name(), "description": description, "epilog": EXIT_CODES_HELP,
+                "formatter_class": HelpFormatter}
+    parser = argparse.ArgumentParser(**{**settings, **kwargs})
+    parser.register("action", "parsers", _SubCommands)
+    return parser
+
+
+def program_name() -> str | None:
+    """``python -m local.decode`` for a program run as a module, else None (argparse's own: the script's
+    file name): what the user typed, not ``decode.py``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return f"python -m {spec.name}" if spec is not None and spec.name else None
+
+
+NBSP = "\u00a0"
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description kept as written, and ``(default: X)`` after the help of every option that has a
+    default (``shown_default``), unless its help already says "(default" (a default that depends on the
+    run, such as ``$RANK``, says where it comes from in words)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = shown_default(action)
+        if shown is None or "(default" in text:
+            return text
+        # Joined by no-break spaces, so that wrapping does not split it unless it is long (_split_lines).
+        default = f"(default: {shown.replace('%', '%%')})"
+        return f"{text} {default.replace(' ', NBSP) if len(default) <= 40 else default}".lstrip()
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # Not at hyphens: "--dump-dir" and "exp-dir/x" stay whole; nor at the no-break spaces.
+        text = re.sub(r"[ \t\n\r\f\v]+", " ", text).strip()
+        return [line.replace(NBSP, " ") for line in textwrap.wrap(text, width, break_on_hyphens=False)]
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and shown_default(action) is not None:  # argparse prints no help line at all
+            action = copy.copy(action)
+            action.help = self._get_help_string(action)
+        return super()._format_action(action)
+
+
+class _SubCommands(argparse._SubParsersAction):
+    """add_subparsers' action: its sub-commands' --help shows their defaults too (argparse gives a
+    sub-command the plain formatter), and theirs in turn."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        parser = super().add_parser(name, **kwargs)
+        parser.register("action", "parsers", _SubCommands)
+        return parser
+
+
+def shown_default(action: argparse.Action) -> str | None:
+    """An option's default as its --help shows it: as typed on a command line (true/false, lists space
+    separated, "" for the empty string); None for a flag without a value, a required option or positional,
+    and a default of None (nothing is passed on)."""
+    value = action.default
+    if value is None or value is argparse.SUPPRESS or action.nargs == 0 or action.required:
+        return None
+    if not action.option_strings and action.nargs not in ("?", "*"):
+        return None
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value) or '""'
+    return str(value) if str(value) else '""'
 
 
 class StageFailed(RuntimeError):

@@ -28,7 +28,7 @@ import math
 import time
 from collections import Counter as Tally
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -69,17 +69,24 @@ SILENT_PEAK = 1e-4
 
 @dataclass
 class ServeSettings:
-    max_batch: int = 8  # pieces decoded in one onnxruntime call
-    max_wait_ms: float = 10.0  # how long the first piece of a batch waits for others
-    queue_size: int = 64  # pieces waiting; beyond it requests get 503
-    max_upload_mb: float = 25.0  # OpenAI's own limit
-    max_duration_s: float = 600.0  # of audio per request
-    segment_s: float = 30.0  # longer audio is split at pauses into pieces of at most this
-    retry_after_s: int = 1  # Retry-After of a 503
-    header_timeout_s: float = 10.0  # a request's headers must all arrive within this of its start
-    read_timeout_s: float = 30.0  # the longest wait for the next piece of a body
-    body_timeout_s: float = 300.0  # the whole body (25 MB at 0.7 Mb/s)
-    max_connections: int = 512  # open connections; more are closed at once
+    """The service's limits; each is an option of local/serve.py, ``help`` its --help line."""
+
+    max_batch: int = field(default=8, metadata={"help": "pieces decoded in one onnxruntime call"})
+    max_wait_ms: float = field(default=10.0, metadata={
+        "help": "milliseconds the first piece of a batch waits for others"})
+    queue_size: int = field(default=64, metadata={"help": "pieces waiting; beyond it requests get 503"})
+    max_upload_mb: float = field(default=25.0, metadata={"help": "MB per upload (OpenAI's own limit)"})
+    max_duration_s: float = field(default=600.0, metadata={"help": "seconds of audio per request"})
+    segment_s: float = field(default=30.0, metadata={
+        "help": "longer audio is split at pauses into pieces of at most this many seconds"})
+    retry_after_s: int = field(default=1, metadata={"help": "Retry-After of a 503, seconds"})
+    header_timeout_s: float = field(default=10.0, metadata={
+        "help": "seconds within which a request's headers must all arrive"})
+    read_timeout_s: float = field(default=30.0, metadata={
+        "help": "the longest wait for the next piece of a body, seconds"})
+    body_timeout_s: float = field(default=300.0, metadata={
+        "help": "seconds for the whole body (25 MB at 0.7 Mb/s)"})
+    max_connections: int = field(default=512, metadata={"help": "open connections; more are closed at once"})
 
     def check(self) -> None:
         """Refuse settings that cannot work (BadInputError), before the port opens."""

@@ -20,7 +20,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from funasr_recipe.core.cli import EXIT_BAD_INPUT, run_main
+from funasr_recipe.core.cli import EXIT_BAD_INPUT, program_parser, run_main
 from funasr_recipe.core.env import available_cores
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.runtime.onnx_asr import OnnxASR
@@ -61,29 +61,32 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The service's options (its --help; the docs' reference is made from it)."""
     # No abbreviations: "--api-key KEY" must be an error, not --api-key-file naming a file "KEY".
-    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = program_parser(__doc__, allow_abbrev=False)
     parser.add_argument("--model-dir", type=Path, required=True,
                         help="export dir (stage 4) or a package's onnx/")
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="TCP port")
     parser.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
                         help="fp32: model.onnx; int8: model_quant.onnx")
-    parser.add_argument("--threads", type=int, default=available_cores(), help="onnxruntime threads")
+    parser.add_argument("--threads", type=int, default=available_cores(),
+                        help="onnxruntime threads (default: the cores this process may use)")
     parser.add_argument("--name", default=None, help="model name in /health, /v1/models and OpenAI "
                         "answers (default: export.json's name, the experiment's tag)")
     parser.add_argument("--api-key-file", type=Path, default=None,
                         help=f"file of accepted API keys, one per line; clients send 'Authorization: Bearer "
                         f"<key>'. Else ${API_KEY_ENV} (the key) or ${API_KEY_FILE_ENV} (a file); never the "
                         "key itself on the command line, where ps shows it")
-    defaults = ServeSettings()
-    for f in fields(ServeSettings):  # every setting an option, its comment in ServeSettings
-        value = getattr(defaults, f.name)
-        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(value), default=value,
-                            help=f"default {value}")
-    args = parser.parse_args(argv)
+    for f in fields(ServeSettings):  # every setting an option, its help in ServeSettings
+        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default),
+                            default=f.default, help=f.metadata["help"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     setup_logging()
     log.info("Stage 6: serving: %s -> http://%s:%d", args.model_dir, args.host, args.port)
     return run_main(lambda: serve(args), log)
