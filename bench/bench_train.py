@@ -16,7 +16,7 @@ epoch: 0" to "Validate epoch: 1", so start-up and validation are excluded); data
 of funasr's per-step ``data_load`` over the sum of ``total_time`` on rank 0. All ratios are from this
 one run. torch uses one thread per rank (path.sh), as in training.
 
-  python -m bench.bench_train --out-json exp/bench_train.json
+  .venv/bin/python -m bench.bench_train --out-json exp/bench_train.json
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
 
 from funasr_recipe.core.cli import program_parser
+from funasr_recipe.core.env import recipe_env
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "conf" / "tiny_sensevoice.yaml"
@@ -47,19 +49,27 @@ def prepare(work: Path) -> None:
          "--dump-dir", str(work / "dump"), "--exp-dir", str(work / "exp_prep")], capture_output=True)
 
 
+def train_command(exp: Path, work: Path, nproc: int, feats: str, sampler: str, engine: str, batch: int,
+                  workers: int, fused: bool) -> list[str]:
+    """One epoch of local.train under torchrun, as this interpreter's module: no torchrun on PATH needed."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+            "--master-port", "29671", "-m", "local.train", "--config", str(CONFIG), "--exp-dir", str(exp),
+            "--data-dir", str(work / "data"), "--dump-dir", str(work / "dump"), "--train-set", "train",
+            "--valid-set", "dev", "--feats-type", feats, "--train-engine", engine,
+            "--fused-losses", str(fused).lower(),
+            "--", "++train_conf.max_epoch=1", "++train_conf.log_interval=1",
+            f"++dataset_conf.batch_sampler={sampler}", f"++dataset_conf.batch_size={batch}",
+            f"++dataset_conf.num_workers={workers}"]
+
+
 def train(work: Path, name: str, nproc: int, feats: str, sampler: str, engine: str, batch: int,
           workers: int = 1, fused: bool = True) -> dict:
     exp = work / name
     shutil.rmtree(exp, ignore_errors=True)
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    cmd = ["torchrun", "--nnodes", "1", "--nproc-per-node", str(nproc), "--master-port", "29671",
-           "-m", "local.train", "--config", str(CONFIG), "--exp-dir", str(exp),
-           "--data-dir", str(work / "data"), "--dump-dir", str(work / "dump"), "--train-set", "train",
-           "--valid-set", "dev", "--feats-type", feats, "--train-engine", engine,
-           "--fused-losses", str(fused).lower(),
-           "--", "++train_conf.max_epoch=1", "++train_conf.log_interval=1",
-           f"++dataset_conf.batch_sampler={sampler}", f"++dataset_conf.batch_size={batch}",
-           f"++dataset_conf.num_workers={workers}"]
+    cmd = train_command(exp, work, nproc, feats, sampler, engine, batch, workers, fused)
+    # path.sh's environment, as run.sh trains (one thread per rank, ninja on PATH), whether or not the
+    # caller sourced it: `.venv/bin/python -m bench.bench_train` from a fresh shell measures the same.
+    env = {**recipe_env(ROOT), "DS_ACCELERATOR": "cpu"}
     out = run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT).stdout  # Hydra logs to stdout
     (exp / "bench.log").write_text(out)
     lines = [line for line in out.splitlines() if "[node0 rank0]" in line]
