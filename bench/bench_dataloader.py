@@ -29,7 +29,7 @@ LFR frame (forward and backward), 100 / lfr_n LFR frames per second of audio, at
 TFLOP/s. Then one row per ablation at 1 worker: what whole batches, recycled buffers and a deeper
 prefetch are each worth.
 
-  python -m bench.bench_dataloader --out-json exp/bench_dataloader.json
+  .venv/bin/python -m bench.bench_dataloader --out-json exp/bench_dataloader.json
 """
 
 from __future__ import annotations

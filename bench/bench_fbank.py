@@ -17,7 +17,7 @@ runs single-threaded, as a stage-1 process does, on the same utterances:
 Speed is seconds of audio per second of wall time ("x realtime"). The ratios printed at the end are
 all from this one run.
 
-  python -m bench.bench_fbank --out-json exp/bench_fbank.json
+  .venv/bin/python -m bench.bench_fbank --out-json exp/bench_fbank.json
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ its own. Memory columns, from resource.getrusage inside that subprocess after va
 Seconds are those of the validate_set call alone (no interpreter start-up or imports); every wav is read
 once before the first run, so that no run pays for a cold page cache.
 
-  python -m bench.bench_prepare_data --nj 2 --out-json exp/bench_prepare_data.json
+  .venv/bin/python -m bench.bench_prepare_data --nj 2 --out-json exp/bench_prepare_data.json
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ fp32/int8, sherpa-onnx fp32/int8 for SenseVoiceSmall; p50/p95 latency per batch,
 at batch 1, 8 and 32, end to end from audio file to text) and the two target ratios, all measured in
 this one run; --out-json keeps the report.
 
-  python -m bench.bench_runtime [--exp-dir exp/tiny_sensevoice] [--data-jsonl data/dev/data.jsonl] \\
-      [--max-utts 200] [--repeats 2] [--threads N] [--out-json exp/bench_runtime.json]
+  .venv/bin/python -m bench.bench_runtime [--exp-dir exp/tiny_sensevoice] \\
+      [--data-jsonl data/dev/data.jsonl] [--max-utts 200] [--repeats 2] [--threads N] \\
+      [--out-json exp/bench_runtime.json]
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ loopback port once per configuration and stops it; prints throughput (requests/s
 per second), p50/p95/p99 latency, errors, whether every text equals the batch decoder's (OnnxASR on the
 same files) and the batched/unbatched throughput ratio; --out-json keeps the report.
 
-  python -m bench.bench_serve [--export-dir exp/tiny_sensevoice/export] [--data-jsonl data/dev/data.jsonl] \\
+  .venv/bin/python -m bench.bench_serve [--export-dir exp/tiny_sensevoice/export] \\
+      [--data-jsonl data/dev/data.jsonl] \\
       [--requests 400] [--clients 1,4,16,64] [--max-batch 8] [--max-wait-ms 10] [--precision fp32] \\
       [--api-key]
 

@@ -15,7 +15,7 @@ time to the read alone, by the wall clock and in CPU seconds (user + system: on 
 processes share, the wall clock measures them too); it asserts nothing about time. The file is removed
 at the end.
 
-  python -m bench.bench_shard_sums [--size-gib 1] [--out-json exp/bench_shard_sums.json]
+  .venv/bin/python -m bench.bench_shard_sums [--size-gib 1] [--out-json exp/bench_shard_sums.json]
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ Every checkpoint is loaded weights-only, DeepSpeed's shards included: one that h
 containers and DeepSpeed's few data classes is refused (exit 2) before it can run code
 (funasr_recipe/model/checkpoint.py says where a library loads otherwise).
 
-  python -m local.average --exp-dir exp/tiny_sensevoice --device cpu -- ++train_conf.avg_nbest_model=3
+  .venv/bin/python -m local.average --exp-dir exp/tiny_sensevoice --device cpu \\
+      -- ++train_conf.avg_nbest_model=3
 """
 
 from __future__ import annotations

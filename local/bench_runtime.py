@@ -10,7 +10,7 @@ writes <exp-dir>/benchmark.json  every row, the target ratios, the machine, load
 Targets MISSED are a warning; exit 1 on MISSED only with --strict (a loaded machine should not fail a
 training run).
 
-  python -m local.bench_runtime --exp-dir exp/tiny_sensevoice --data-jsonl data/dev/data.jsonl \\
+  .venv/bin/python -m local.bench_runtime --exp-dir exp/tiny_sensevoice --data-jsonl data/dev/data.jsonl \\
       [--max-utts 100] [--threads 2] [--batch-sizes 1,8,32] [--repeats 1] [--strict]
 """
 

@@ -8,7 +8,7 @@ Reads  the model config (and, for a fine-tune, the pretrained model's config.yam
        funasr's sources (funasr_recipe/model/overrides.py: which keys funasr reads) and that scan's cache;
 writes the scan's cache (~/.cache/funasr_recipe/config_keys.json).
 
-  python -m local.check_config --config conf/tiny_sensevoice.yaml [--pretrained-dir D] \
+  .venv/bin/python -m local.check_config --config conf/tiny_sensevoice.yaml [--pretrained-dir D] \
       [--ds-config ds_configs/ds_stage1_bf16.json] [--cmvn dump/train/am.lfr7x6.mvn ...] -- <overrides>
 
 The overrides: a run.sh option written after ``--``, a Hydra syntax error, what Hydra itself refuses (``+``

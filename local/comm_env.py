@@ -3,7 +3,7 @@ for run.sh to evaluate, and logs every variable in force with where its value ca
 
 Reads the environment; writes the export lines to stdout, the table to the log (stderr).
 
-  eval "$(python -m local.comm_env --profile ethernet --socket-ifname eth0)"
+  eval "$(.venv/bin/python -m local.comm_env --profile ethernet --socket-ifname eth0)"
 """
 
 from __future__ import annotations

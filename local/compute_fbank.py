@@ -14,13 +14,13 @@ what was expected and found, then exit 1; with --repair true it also removes tho
 sets' merged lists and <dump-dir>/.done, so that the next stage-1 run recomputes exactly those shards. A
 shard made before checksums were recorded cannot be checked and counts as failing.
 
-  python -m local.compute_fbank work --rank 0 --world-size 2 --config conf/tiny_sensevoice.yaml \\
+  .venv/bin/python -m local.compute_fbank work --rank 0 --world-size 2 --config conf/tiny_sensevoice.yaml \\
       --sets "dev train" --train-set train
-  python -m local.compute_fbank merge --world-size 2 --config conf/tiny_sensevoice.yaml \\
+  .venv/bin/python -m local.compute_fbank merge --world-size 2 --config conf/tiny_sensevoice.yaml \\
       --sets "dev train" --train-set train --tokenizer-dir dump/tokenizer/tiny_sensevoice
-  python -m local.compute_fbank merge --config conf/sensevoice_small.yaml --sets "dev train" \\
+  .venv/bin/python -m local.compute_fbank merge --config conf/sensevoice_small.yaml --sets "dev train" \\
       --train-set train --pretrained-dir /models/SenseVoiceSmall
-  python -m local.compute_fbank verify --dump-dir dump --sets "train dev" [--repair true]
+  .venv/bin/python -m local.compute_fbank verify --dump-dir dump --sets "train dev" [--repair true]
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Reads <data-dir>/corpus.json (written by the corpus recipe in stage 0); writes the values to stdout.
 
-  python -m local.corpus_info --data-dir data sets
-  python -m local.corpus_info --data-dir data language emotion event itn   # four lines
+  .venv/bin/python -m local.corpus_info --data-dir data sets
+  .venv/bin/python -m local.corpus_info --data-dir data language emotion event itn   # four lines
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ writes (work)  <out>/shards/<rank>.{jsonl,stats.json,done}: this rank's utteranc
                (funasr_recipe/scoring/decode_dir.py), what local/score.py reads.
 An unreadable file is reported with file, line and key and scored as deletions.
 
-  python -m local.decode work --model-dir exp/x/final --data-jsonl data/dev/data.jsonl \\
+  .venv/bin/python -m local.decode work --model-dir exp/x/final --data-jsonl data/dev/data.jsonl \\
       --out exp/x/decode_dev --rank 0 --world-size 2
-  python -m local.decode work ... --after exp/x/final/.done FP   # waits for the averaged model
-  python -m local.decode merge --model-dir exp/x/final --tag x --data-jsonl data/dev/data.jsonl \\
+  .venv/bin/python -m local.decode work ... --after exp/x/final/.done FP   # waits for the averaged model
+  .venv/bin/python -m local.decode merge --model-dir exp/x/final --tag x --data-jsonl data/dev/data.jsonl \\
       --out exp/x/decode_dev --world-size 2
 """
 

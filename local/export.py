@@ -14,7 +14,7 @@ bad input. A rerun with the same model and set skips the work; --check-only reru
 on the ONNX files already in <out> (and adds sherpa-onnx's files to an export made without them). A
 sherpa-onnx failure is recorded in parity.json and logged, not gated: it is a runtime to compare with.
 
-  python -m local.export --model-dir exp/tiny_sensevoice/final --out exp/tiny_sensevoice/export \\
+  .venv/bin/python -m local.export --model-dir exp/tiny_sensevoice/final --out exp/tiny_sensevoice/export \\
       --data-jsonl data/dev/data.jsonl [--max-utts 200] [--threads 2] [--parity-threads 1] [--check-only]
 """
 

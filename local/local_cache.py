@@ -9,7 +9,7 @@ Reads  <dump-dir>/<set>/data.jsonl and the shard files they name;
 writes <cache-dir>/<dump name>-<hash>/ (copies, rewritten lists, links, sidecars, cache.json); the dump
        dir for stage 2 on stdout, the log (node and rank in each line) on stderr.
 
-  python -m local.local_cache --dump-dir dump --cache-dir /dev/shm/asr --sets "train dev"
+  .venv/bin/python -m local.local_cache --dump-dir dump --cache-dir /dev/shm/asr --sets "train dev"
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ writes <out> (default <exp-dir>/best_model): model.pt, config.yaml, am.mvn, the 
 The checkpoint is loaded weights-only (funasr_recipe/model/checkpoint.py): a pickle that would run code is
 refused (exit 2).
 
-  python -m local.make_model_dir --exp-dir exp/tiny_sensevoice --checkpoint model.pt.best
+  .venv/bin/python -m local.make_model_dir --exp-dir exp/tiny_sensevoice --checkpoint model.pt.best
 """
 
 from __future__ import annotations

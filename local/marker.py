@@ -5,20 +5,21 @@ during training (dist/node_status.py). The stage programs use the same modules f
 Reads and writes only the marker, listing and node files named on the command line; prints a fingerprint,
 or what changed, or why training failed.
 
-  python -m local.marker fingerprint [--files F ...] [--contents F ...] [--markers M ...] -- PART ...
-  python -m local.marker check data/.done FP      # exit 0 if the marker holds FP, else 1 (as test(1))
-  python -m local.marker write data/.done FP
-  python -m local.marker wait data/.done FP --what "stage 0" --timeout 7200
-  python -m local.marker check-in exp/x/.nodes FP --node-rank 1 --nnodes 4 --timeout 7200
-  python -m local.marker sources write data     # after stage 0: what it read
-  python -m local.marker sources check data     # exit 0 if unchanged, else 1 and what changed
-  python -m local.marker node heartbeat exp/x/.nodes FP --node-rank 1 --parent $$   # until $$ is gone
-  python -m local.marker node outcome exp/x/.nodes FP --node-rank 1 --ok true
-  python -m local.marker node wait-peers exp/x/.nodes FP --node-rank 0 --nnodes 2 --timeout 600
-  python -m local.marker node explain exp/x/.nodes FP --node-rank 0 --nnodes 2 --log exp/x/train.log \\
-      --master 10.0.0.1:29500
-  python -m local.marker resume exp/x --config C --ds-config J --dump-marker dump/.done --world-size 2 \\
-      --train-opts "--train-set train ..." [--pretrained-dir D] [--restart true] -- ++overrides
+  .venv/bin/python -m local.marker fingerprint [--files F ...] [--contents F ...] [--markers M ...] \\
+      -- PART ...
+  .venv/bin/python -m local.marker check data/.done FP   # exit 0 if the marker holds FP, else 1 (as test(1))
+  .venv/bin/python -m local.marker write data/.done FP
+  .venv/bin/python -m local.marker wait data/.done FP --what "stage 0" --timeout 7200
+  .venv/bin/python -m local.marker check-in exp/x/.nodes FP --node-rank 1 --nnodes 4 --timeout 7200
+  .venv/bin/python -m local.marker sources write data     # after stage 0: what it read
+  .venv/bin/python -m local.marker sources check data     # exit 0 if unchanged, else 1 and what changed
+  .venv/bin/python -m local.marker node heartbeat exp/x/.nodes FP --node-rank 1 --parent $$  # until $$ ends
+  .venv/bin/python -m local.marker node outcome exp/x/.nodes FP --node-rank 1 --ok true
+  .venv/bin/python -m local.marker node wait-peers exp/x/.nodes FP --node-rank 0 --nnodes 2 --timeout 600
+  .venv/bin/python -m local.marker node explain exp/x/.nodes FP --node-rank 0 --nnodes 2 \\
+      --log exp/x/train.log --master 10.0.0.1:29500
+  .venv/bin/python -m local.marker resume exp/x --config C --ds-config J --dump-marker dump/.done \\
+      --world-size 2 --train-opts "--train-set train ..." [--pretrained-dir D] [--restart true] -- ++overrides
       # stage 2: may it train in exp/x (train/resume_guard.py)? exit 2 naming what differs
 """
 

@@ -7,7 +7,7 @@ Reads  <exp-dir>/export/ (stage 4, passed), <exp-dir>/final/model.pt, <exp-dir>/
 writes <exp-dir>/package/ (model card, onnx/, triton/ and triton_gpu/, build_trt.sh, runtime/, SHA256SUMS),
        <exp-dir>/package.tar.gz and <exp-dir>/package/.done (a rerun with the same inputs skips).
 
-  python -m local.package --exp-dir exp/tiny_sensevoice --data-jsonl data/dev/data.jsonl \\
+  .venv/bin/python -m local.package --exp-dir exp/tiny_sensevoice --data-jsonl data/dev/data.jsonl \\
       [--max-batch 32] [--max-seconds 30]
 """
 

@@ -7,7 +7,7 @@ writes <out>.png (train loss per logged step with validation loss per epoch, lea
 frames/s of rank 0, data-wait fraction, accuracy as funasr names it: acc or SenseVoice's acc_rich)
 and <out>.tsv (the parsed points). A log from before the train_metrics hook still plots.
 
-  python -m local.plot_training exp/tiny_sensevoice/train.log --out exp/tiny_sensevoice/curves
+  .venv/bin/python -m local.plot_training exp/tiny_sensevoice/train.log --out exp/tiny_sensevoice/curves
 """
 
 from __future__ import annotations

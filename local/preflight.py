@@ -6,7 +6,7 @@ bandwidth test are logged), 1 naming each node and difference otherwise, on ever
 Reads  the checkout, requirements, config and DeepSpeed files, data/ and dump/ (hashes), node 0's
        token in exp/ and dump/; writes (node 0) <exp-dir>/preflight.json.
 
-  python -m local.preflight --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 \\
+  .venv/bin/python -m local.preflight --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 \\
       --nproc-per-node 8 --device cuda --config conf/x.yaml --ds-config ds_configs/ds_stage1_bf16.json \\
       --exp-dir exp/x --options "--config conf/x.yaml -- ++train_conf.max_epoch=3"
 """

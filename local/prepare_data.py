@@ -17,8 +17,8 @@ entry instead (exit 2). A set with no accepted entry fails (exit 1).
            --regression-dir); writes it as the Kaldi dir --set-dir (recipes/jsonl/prepare.py, the
            reader of --corpus jsonl), which the --set-dir mode then validates.
 
-  python -m local.prepare_data --set-dir data/train --language en --nj 2
-  python -m local.prepare_data --overlap --data-dir data --sets "train dev test" --strict false
+  .venv/bin/python -m local.prepare_data --set-dir data/train --language en --nj 2
+  .venv/bin/python -m local.prepare_data --overlap --data-dir data --sets "train dev test" --strict false
 """
 
 from __future__ import annotations

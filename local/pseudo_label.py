@@ -13,10 +13,10 @@ writes (work)  <out>/shards/<rank>.{jsonl,stats.json,done}: this rank's utteranc
 A family whose inference has no CTC (Paraformer) gives no score: merge keeps its non-empty hypotheses
 and says so.
 
-  python -m local.pseudo_label work --model-dir exp/pretrained --wav-scp untranscribed/wav.scp \\
+  .venv/bin/python -m local.pseudo_label work --model-dir exp/pretrained --wav-scp untranscribed/wav.scp \\
       --out exp/x/pseudo_untranscribed --rank 0 --world-size 2
-  python -m local.pseudo_label merge --wav-scp untranscribed/wav.scp --out exp/x/pseudo_untranscribed \\
-      --world-size 2 --min-logprob -0.3 --dest data/pseudo_untranscribed
+  .venv/bin/python -m local.pseudo_label merge --wav-scp untranscribed/wav.scp \\
+      --out exp/x/pseudo_untranscribed --world-size 2 --min-logprob -0.3 --dest data/pseudo_untranscribed
 """
 
 from __future__ import annotations

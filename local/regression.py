@@ -9,9 +9,10 @@ gate   Reads <exp-dir>/decode_<set>_pretrained/result.json and <exp-dir>/decode_
        unless --fatal false, which only warns. It needs a fine-tune: a from-scratch run has no
        pretrained decode to compare with, which is an input error (exit 2).
 
-  python -m local.regression check --model-dir exp/x/pretrained --data-jsonl data/regress_zh/data.jsonl
-  python -m local.regression gate --exp-dir exp/x --sets regress_zh,regress_en --max-regression 1.0 \\
-      --fatal true
+  .venv/bin/python -m local.regression check --model-dir exp/x/pretrained \\
+      --data-jsonl data/regress_zh/data.jsonl
+  .venv/bin/python -m local.regression gate --exp-dir exp/x --sets regress_zh,regress_en \\
+      --max-regression 1.0 --fatal true
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ offline, the command to run) and checks that it holds the config's model class.
 With --training-data: the training set that --pretrained-dir's model says it was trained on (a model dir
 of this recipe, when the set is still there; nothing for a from-scratch config): run.sh's default replay.
 
-  python -m local.resolve_model --config conf/sensevoice_small.yaml [--pretrained-dir DIR]
-  python -m local.resolve_model --config conf/sensevoice_small.yaml --pretrained-dir DIR --training-data
+  .venv/bin/python -m local.resolve_model --config conf/sensevoice_small.yaml [--pretrained-dir DIR]
+  .venv/bin/python -m local.resolve_model --config conf/sensevoice_small.yaml --pretrained-dir DIR \\
+      --training-data
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 Reads  <exp-dir>/decode_*/result.json (local/score.py);
 writes <exp-dir>/RESULTS.md (or --out); with --headline, prints one result's line for run.sh's summary.
 
-  python -m local.results_md --exp-dir exp/sensevoice_small
-  python -m local.results_md --headline exp/sensevoice_small/decode_dev/result.json
+  .venv/bin/python -m local.results_md --exp-dir exp/sensevoice_small
+  .venv/bin/python -m local.results_md --headline exp/sensevoice_small/decode_dev/result.json
 """
 
 from __future__ import annotations

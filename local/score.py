@@ -4,7 +4,7 @@ tag accuracy, alignments.
 Reads  <dir>/{ref.txt,hyp.txt[,ref_tags.tsv,hyp_tags.tsv,decode.json]} (local/decode.py merge);
 writes <dir>/{per_utt.txt,result.txt,result.json}.
 
-  python -m local.score --dir exp/sensevoice_small/decode_dev
+  .venv/bin/python -m local.score --dir exp/sensevoice_small/decode_dev
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Every recipe (``recipes/<corpus>/prepare.py``) turns one corpus in its upstream 
 Validation is not done here: stage 0's ``local.prepare_data`` checks every line afterwards, so a recipe
 copies what the corpus says and never drops or repairs an utterance on its own.
 
-  python -m recipes.fsdd.prepare --corpus-dir corpora/free-spoken-digit-dataset --data-dir data
+  .venv/bin/python -m recipes.fsdd.prepare --corpus-dir corpora/free-spoken-digit-dataset --data-dir data
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ writes <exp-dir>/package/
 
 Run local/bench_runtime.py first: the card embeds its table.
 
-  python -m local.package --exp-dir exp/tiny_sensevoice --data-jsonl data/dev/data.jsonl \\
+  .venv/bin/python -m local.package --exp-dir exp/tiny_sensevoice --data-jsonl data/dev/data.jsonl \\
       [--max-batch 32] [--max-seconds 30]
 """
 

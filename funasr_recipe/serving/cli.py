@@ -6,7 +6,7 @@ Reads  <model-dir>, an export dir (stage 4's exp/<tag>/export, or a package's on
        form), GET / (a web page), GET /health, GET /metrics. funasr_recipe/serving/app.py has the API.
 Writes nothing but its log.
 
-  python -m local.serve --model-dir exp/tiny_sensevoice/export [--port 8000] [--precision int8]
+  .venv/bin/python -m local.serve --model-dir exp/tiny_sensevoice/export [--port 8000] [--precision int8]
   PYTHONPATH=runtime python -m funasr_recipe.serving.cli --model-dir onnx     # in a stage-5 package
   curl -F file=@corpora/free-spoken-digit-dataset/recordings/7_jackson_0.wav \\
       http://127.0.0.1:8000/v1/transcriptions

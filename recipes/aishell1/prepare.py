@@ -11,7 +11,7 @@ directory name, and the text is the transcript with its word-separating spaces r
 has no transcript line is left out, as upstream does; unlike upstream, each one is counted and
 logged by name.
 
-  python -m recipes.aishell1.prepare --corpus-dir /corpora/aishell --data-dir data
+  .venv/bin/python -m recipes.aishell1.prepare --corpus-dir /corpora/aishell --data-dir data
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Sets: the split folders train, dev/valid/validation/val (the dev set) and any ot
 single metadata file is all train. Without a dev set, --dev-speakers speakers are held out of train (by
 utterance, with a warning, when there are fewer than two speakers: recipes/common.py hold_out_dev).
 
-  python -m recipes.audiofolder.prepare --corpus-dir /path/to/my_audiofolder --data-dir data
+  .venv/bin/python -m recipes.audiofolder.prepare --corpus-dir /path/to/my_audiofolder --data-dir data
 """
 
 from __future__ import annotations

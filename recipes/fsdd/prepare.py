@@ -11,8 +11,8 @@ corpus"). The key is ``{speaker}-{digit}_{speaker}_{index}``. Upstream's own spl
 test) shares speakers between train and test, so the dev set is whole held-out speakers instead. A file in
 recordings/ whose name does not match the pattern is left out and logged by name.
 
-  python -m recipes.fsdd.prepare --data-dir data --dev-speakers theo
-  python -m recipes.fsdd.prepare --data-dir data --dev-speakers none --test-speakers theo
+  .venv/bin/python -m recipes.fsdd.prepare --data-dir data --dev-speakers theo
+  .venv/bin/python -m recipes.fsdd.prepare --data-dir data --dev-speakers none --test-speakers theo
 
 A test speaker is one that neither trains nor chooses checkpoints (the dev set's validation loss does
 that): bench/bench_loso.py holds out each speaker in turn as the test set this way.

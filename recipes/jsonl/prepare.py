@@ -21,7 +21,7 @@ Sets: train.jsonl is train; the dev set is the first of dev, valid, validation, 
 without one, --dev-speakers speakers are held out of train (by utterance when the lines carry no
 speaker, with a warning: recipes/common.py hold_out_dev). Every set but train is decoded as a test set.
 
-  python -m recipes.jsonl.prepare --corpus-dir /path/to/funasr_data --data-dir data
+  .venv/bin/python -m recipes.jsonl.prepare --corpus-dir /path/to/funasr_data --data-dir data
 """
 
 from __future__ import annotations

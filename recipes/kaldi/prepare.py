@@ -22,7 +22,7 @@ at CR LF, CR or LF, and a UTF-8 byte-order mark before a file's first line (Wind
 is not part of its first key; the split keeps both as they are. A file that cannot be read fails
 naming it.
 
-  python -m recipes.kaldi.prepare --corpus-dir /path/to/my_data --data-dir data --language en
+  .venv/bin/python -m recipes.kaldi.prepare --corpus-dir /path/to/my_data --data-dir data --language en
 """
 
 from __future__ import annotations

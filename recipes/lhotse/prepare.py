@@ -36,7 +36,7 @@ dev set is the first of dev, valid, validation, val, else the first split whose 
 hold_out_dev). Every set but train is decoded as a test set. A split's name becomes its set's name,
 characters other than letters, digits and _.+- replaced by "_".
 
-  python -m recipes.lhotse.prepare --corpus-dir data/manifests --data-dir data --language en
+  .venv/bin/python -m recipes.lhotse.prepare --corpus-dir data/manifests --data-dir data --language en
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ names are the part names with '-' replaced by '_'. Parts given but not on disk a
 at least one train-* and one dev-* part must be there. Where Kaldi stops at a flac without a
 transcript line (or the reverse), this recipe leaves it out and logs each one by name.
 
-  python -m recipes.librispeech.prepare --corpus-dir /corpora --data-dir data \\
+  .venv/bin/python -m recipes.librispeech.prepare --corpus-dir /corpora --data-dir data \\
       --parts "train-clean-100 train-clean-360 dev-clean dev-other test-clean test-other"
 """
 

@@ -6,7 +6,8 @@ writes <data-dir>/{train,dev}/{wav.scp,text,utt2spk,spk2utt} and <data-dir>/corp
 Each transcript is one toneful pinyin syllable (zhong1, lv4, de5). Paths are made absolute; FLAC is
 kept as it is (the Python loaders read it). Keys are kept: they already start with the speaker.
 
-  python -m recipes.mandarin_syllables.prepare --corpus-dir ../shared/data/mandarin_syllables --data-dir data
+  .venv/bin/python -m recipes.mandarin_syllables.prepare --corpus-dir ../shared/data/mandarin_syllables \\
+      --data-dir data
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ upstream's numeric ids (5-digit speaker + 4-digit utterance, e.g. 000750005 of s
 as they are: they sort by speaker already. spk2gender/spk2age are not part of our data dir
 contract and are not copied. Upstream ships "train test"; the shared subset ships "train dev".
 
-  python -m recipes.speechocean762.prepare --corpus-dir ../shared/data/speechocean762 --data-dir data
+  .venv/bin/python -m recipes.speechocean762.prepare --corpus-dir ../shared/data/speechocean762 \\
+      --data-dir data
 """
 
 from __future__ import annotations

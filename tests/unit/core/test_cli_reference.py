@@ -5,6 +5,7 @@ defaults expanded (local/run_options.sh)."""
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import os
 import re
@@ -140,3 +141,18 @@ def test_program_helps_cover_every_program_and_sub_command() -> None:
         assert text.startswith(f"usage: python -m {command} "), command
     assert "(default: 8000)" in entries(helps["local.serve"])["--port"]
     assert Path(ROOT / "local" / "serve.py").is_file()
+
+
+def test_usage_lines_run_from_a_fresh_clone() -> None:
+    """The usage lines of the programs' docstrings (their --help, hence the docs' reference) name the
+    repository's interpreter: a bare ``python`` is the system's, without torch, until path.sh is sourced.
+    bench/gpu/ is left out: check.sh runs it under its own PYTHON."""
+    bare = []
+    for folder in ("local", "bench", "recipes", "funasr_recipe"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "gpu" in path.relative_to(ROOT).parts:
+                continue
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+            bare += [f"{path.relative_to(ROOT)}: {line.strip()}" for line in doc.splitlines()
+                     if re.match(r"\s+(eval \"\$\()?python3? -m (local|bench|recipes)\.", line)]
+    assert bare == []
