@@ -280,13 +280,11 @@ def test_benchmark_report(exp: tuple[str, Path]) -> None:
         assert r["speedup_vs_pytorch"] > 0 and 0.0 <= r["same_text_as_pytorch"] <= 1.0
         if r["runtime"] == "ours" and r["precision"] == "fp32":
             assert r["same_text_as_pytorch"] == 1.0
-    names = [t["name"] for t in report["targets"]]
-    assert names == ["ours_fp32_vs_pytorch_batch1", "ours_int8_vs_pytorch_batch8"]
-    assert report["targets"][0]["ok"] in (True, False)
-    assert report["targets"][1]["ok"] is None  # no batch 8 in this run
+    # The recipe's performance targets are bench/bench_runtime.py's (--targets), not the user's report.
+    assert "targets" not in report
     md = (exp_dir / "benchmark.md").read_text()
     assert md.count("\n| ") == 1 + len(report["rows"])
-    assert "(target >= 2.5x)" in md and "n/a (row not run)" in md
+    assert "target" not in md.lower() and "MISSED" not in md
 
 
 def test_reruns_skip_finished_work(exp: tuple[str, Path], data16k: Path) -> None:
@@ -312,6 +310,9 @@ def test_failed_or_missing_export_is_not_packaged(exp: tuple[str, Path], data16k
     assert not (broken / "package.tar.gz").exists()
     assert package_main(["--exp-dir", str(tmp_path / "none"), "--data-jsonl", str(data16k)]) == 2
     assert bench_main(["--exp-dir", str(tmp_path / "none"), "--data-jsonl", str(data16k)]) == 2
+    with pytest.raises(SystemExit) as usage:  # --strict judges the targets, which stage 5 does not
+        bench_main(["--exp-dir", str(tmp_path / "none"), "--data-jsonl", str(data16k), "--strict"])
+    assert usage.value.code == 2
 
 
 def test_batched_fbank_equals_one_clip_at_a_time() -> None:

@@ -64,3 +64,26 @@ def test_latency_is_timed_on_a_spread_sample_and_throughput_on_whole_sets_in_tur
     stream = measure_stream(loaded, utts, 8, rounds=4)
     assert [name for name, _ in log] == list("abc" "cba" "abc" "cba") and {n for _, n in log} == {100}
     assert all(seconds >= 0 and texts == [u["key"].upper() for u in utts] for seconds, texts in stream)
+
+
+def _report(**extra: object) -> dict:
+    rows = [{"runtime": rt, "label": rt, "precision": p, "device": "cpu", "batch": b,
+             "latency_ms": {"p50": 10.0, "p95": 12.0}, "utt_per_s": ups, "rtf": 0.01,
+             "speedup_vs_pytorch": ups / 10.0, "same_text_as_pytorch": 1.0}
+            for rt, p, b, ups in (("pytorch", "fp32", 1, 10.0), ("ours", "fp32", 1, 20.0),
+                                  ("pytorch", "fp32", 8, 10.0), ("ours", "int8", 8, 40.0))]
+    return {"tag": "tiny_sensevoice", "family": "SenseVoiceSmall", "utterances": 4, "data_jsonl": "d.jsonl",
+            "audio_seconds": 4.0, "threads": 2, "funasr_onnx": None, "versions": {}, "notes": ["a note"],
+            "machine": {"cpu": "cpu", "cores_available": 2, "load_before": [0.5], "load_after": [0.5]},
+            "rows": rows, **extra}
+
+
+def test_the_report_judges_the_benchmarks_targets_only_when_it_has_them() -> None:
+    """Stage 5's report is the user's table; the recipe's performance targets are bench_runtime's."""
+    plain = benchmark.markdown(_report())
+    assert "Targets" not in plain and "MISSED" not in plain and "target" not in plain
+    assert plain.count("\n| ") == 1 + 4 and "- note: a note" in plain
+    judged = benchmark.targets(_report()["rows"])
+    assert [t["ok"] for t in judged] == [False, True]  # 2.0x < 2.5x; 4.0x >= 3x
+    text = benchmark.markdown(_report(targets=judged))
+    assert "(target >= 2.5x): **MISSED**" in text and "(target >= 3.0x): **ok**" in text
