@@ -251,7 +251,8 @@ if [ "${stage}" -le 2 ] && [ "${stop_stage}" -ge 2 ]; then
   # Each node resolves the pretrained model itself (a hub download lands in the node's own cache).
   pretrained=$(pretrained_model) || exit 1
   [ -n "${pretrained}" ] || [ "${adapter}${replay_sets}" = none ] || usage_error "--adapter lora and replay need a pretrained model (--pretrained-dir)"
-  [ -n "${pretrained}" ] && { train_opts+=(--pretrained-dir "${pretrained}"); log "fine-tuning ${pretrained}"; }
+  [ -n "${pretrained}" ] && { train_opts+=(--pretrained-dir "${pretrained}")
+    log "fine-tuning $(python -m local.resolve_model --describe "${pretrained}")"; }
   stage2_fp=$(fingerprint --markers "${dump_dir}/.done" --contents "${config}" "${ds_config}" -- "${train_opts[@]}" \
     "${nnodes}" "${nproc_per_node}" "${hydra_overrides[@]}")
   if is_done "${exp_dir}/.train.done" "${stage2_fp}"; then

@@ -29,6 +29,7 @@ from funasr_recipe.core.cli import EXIT_FAILURE, program_parser, run_main
 from funasr_recipe.core.env import available_cores, cpu_name, versions
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done
+from funasr_recipe.model.provenance import describe_model_dir
 from funasr_recipe.runtime.benchmark import benchmark_set, markdown, run_benchmark, targets
 from funasr_recipe.runtime.funasr_onnx_runtime import FUNASR_ONNX_FAMILIES
 
@@ -64,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
                            args.repeats)
     family = report["family"]
     report = {"tag": args.exp_dir.name, "exp_dir": str(args.exp_dir), "export_dir": str(export_dir),
-              "model_dir": str(model_dir), "data_jsonl": str(args.data_jsonl), "utterances": len(utts),
+              "model_dir": str(model_dir), "model": describe_model_dir(model_dir),
+              "data_jsonl": str(args.data_jsonl), "utterances": len(utts),
               "audio_seconds": round(audio_s, 3), "threads": args.threads, "repeats": args.repeats,
               "batch_sizes": args.batch_sizes, "devices": devices,
               "funasr_onnx": f"funasr_onnx.{family}" if family in FUNASR_ONNX_FAMILIES else None,

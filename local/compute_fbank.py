@@ -50,6 +50,7 @@ from funasr_recipe.features.targets import (
 )
 from funasr_recipe.model import config
 from funasr_recipe.model.pretrained import resolve
+from funasr_recipe.model.provenance import describe_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +88,11 @@ def run(args: argparse.Namespace) -> None:
             write_cmvn(plan, stats, conf)
             if config.pretrained_model(cfg):
                 log.info("fine-tuning %s: training keeps the pretrained model's own am.mvn; %s is written "
-                         "for reference only", config.pretrained_model(cfg), plan.out / "am.mvn")
+                         "for reference only", _pretrained(args, cfg), plan.out / "am.mvn")
     spec = config.tokenizer_spec(cfg)
     built = None
     if spec is None:
-        log.info("no tokenizer to build: %s", f"{config.pretrained_model(cfg)} brings its own"
+        log.info("no tokenizer to build: %s", f"{_pretrained(args, cfg)} brings its own"
                  if config.pretrained_model(cfg) else f"{args.config} has no build_tokenizer section")
     else:
         from funasr_recipe.model.tokenizer import build_tokenizer  # sentencepiece is only needed here
@@ -137,6 +138,14 @@ def _check_targets(args: argparse.Namespace, cfg: DictConfig, conf: FbankConf, p
         return
     for plan in plans:
         reject_impossible_targets(plan, ctc, tokenizer.encode, conf.frame_shift, args.strict)
+
+
+def _pretrained(args: argparse.Namespace, cfg: DictConfig) -> str:
+    """The model a fine-tune starts from, as the logs name it: the --pretrained-dir it uses (and the hub id
+    it is a copy of), not the config's ``pretrained_model`` where a local dir stands in for it."""
+    if args.pretrained_dir is not None:
+        return describe_model_dir(args.pretrained_dir)
+    return str(config.pretrained_model(cfg))
 
 
 def _tokenizer_config(args: argparse.Namespace, cfg: DictConfig, built: Path | None) -> dict | None:

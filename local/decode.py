@@ -35,7 +35,7 @@ from funasr_recipe.core.jsonl import read_jsonl
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done, wait_for_marker
 from funasr_recipe.dist.slicing import deal
-from funasr_recipe.model.model_dir import model_label
+from funasr_recipe.model.provenance import model_label
 from funasr_recipe.scoring.decode_dir import decode_shard, merge_decode_dir, shard_file
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.model.provenance import provenance, run_options
 
 log = logging.getLogger(__name__)
 # Called with the model dir before AutoModel reads it: compat/lazy_import.install adds the registration of
@@ -36,8 +36,6 @@ BEFORE_LOAD: list[Callable[[Path], object]] = []
 
 
 MODEL_FILES = ("configuration.json", "config.yaml")
-# Stage 2's record of what a run trained with (train/resume_guard.py writes it): each option JSON-encoded.
-TRAIN_IDENTITY = "train_identity.json"
 
 
 def is_model_dir(path: Path) -> bool:
@@ -46,8 +44,9 @@ def is_model_dir(path: Path) -> bool:
 
 
 def make_model_dir(exp_dir: Path, checkpoint: str, out: Path, info: dict | None = None) -> Path:
-    """Write ``out`` from ``exp_dir``; returns it. ``info`` goes into configuration.json's "recipe"."""
-    import torch  # here, not at the top: is_model_dir and model_label (stage 3's merge) need no torch
+    """Write ``out`` from ``exp_dir``; returns it. configuration.json's "recipe" records the run (its
+    config, pretrained dir and base model: model/provenance.py), the checkpoint and ``info``."""
+    import torch  # here, not at the top: is_model_dir and the readers need no torch
 
     from funasr_recipe.model.adapters import finish_state_dict
     from funasr_recipe.model.checkpoint import fp32_state_dict
@@ -78,6 +77,7 @@ def make_model_dir(exp_dir: Path, checkpoint: str, out: Path, info: dict | None 
                      "model": {"type": "funasr"}, "pipeline": {"type": "funasr-pipeline"},
                      "model_name_in_hub": {"ms": "", "hf": ""}, "file_path_metas": metas,
                      "recipe": {"exp_dir": str(exp_dir.resolve()), "checkpoint": checkpoint,
+                                **provenance(exp_dir),
                                 **({"train_data": str(data)} if (data := training_data(exp_dir)) else {}),
                                 **(info or {})}}
     (out / "configuration.json").write_text(json.dumps(configuration, indent=2) + "\n", encoding="utf-8")
@@ -87,12 +87,10 @@ def make_model_dir(exp_dir: Path, checkpoint: str, out: Path, info: dict | None 
 def training_data(exp_dir: Path) -> Path | None:
     """The stage-0 dir of the training set a run trained on (absolute; relative option values are the
     recipe root's, where the stages run), from stage 2's record; None when unknown or gone."""
-    try:
-        identity = json.loads((exp_dir / TRAIN_IDENTITY).read_text(encoding="utf-8"))
-        data_dir, name = json.loads(identity["option.data-dir"]), json.loads(identity["option.train-set"])
-    except (OSError, ValueError, KeyError, TypeError):
+    options = run_options(exp_dir)
+    if "data-dir" not in options or "train-set" not in options:
         return None
-    path = (Path(data_dir) / name).resolve()
+    path = (Path(options["data-dir"]) / options["train-set"]).resolve()
     return path if path.is_dir() else None
 
 
@@ -106,23 +104,6 @@ def recorded_training_data(model_dir: Path) -> Path | None:
     recipe = configuration.get("recipe") if isinstance(configuration, dict) else None
     data = recipe.get("train_data") if isinstance(recipe, dict) else None
     return Path(data) if data and (Path(data) / "wav.scp").is_file() else None
-
-
-def model_label(model_dir: Path, tag: str, pretrained: bool = False) -> str:
-    """How results name a model: ``pretrained <dir name>`` for the model a run fine-tuned from, else
-    ``<tag> <checkpoint>`` (``tiny_sensevoice avg5``: the checkpoint make_model_dir recorded in
-    configuration.json, without its ``model.pt.`` prefix)."""
-    if pretrained:
-        return f"pretrained {Path(model_dir).resolve().name}"
-    path = model_dir / "configuration.json"
-    try:
-        recipe = json.loads(path.read_text(encoding="utf-8")).get("recipe") if path.is_file() else None
-    except json.JSONDecodeError as e:
-        raise BadInputError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    if not recipe or "checkpoint" not in recipe:
-        raise BadInputError(f"{path}: no recipe checkpoint; is {model_dir} a model dir of this recipe's "
-                            "stage 3?")
-    return f"{tag} {str(recipe['checkpoint']).removeprefix('model.pt.')}"
 
 
 def import_automodel() -> None:

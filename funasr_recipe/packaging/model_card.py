@@ -32,6 +32,7 @@ class CardInputs:
     results_md: str | None = None
     benchmark_md: str | None = None
     tokenizer: str | None = None
+    trained: str | None = None             # what the model is and how it was made (model/provenance.py)
 
 
 def demote(markdown: str, levels: int = 2) -> str:
@@ -69,8 +70,9 @@ def model_section(c: CardInputs) -> list[str]:
     enc = c.train_config.get("encoder_conf") or {}
     front = c.train_config.get("frontend_conf") or {}
     params = "unknown" if c.parameters is None else f"{c.parameters:,} ({c.parameters / 1e6:.1f} M)"
-    lines = ["## Model", "", f"- tag: `{c.tag}`; class `{c.family}` (funasr "
-             f"{c.export.get('versions', {}).get('funasr', '?')}); parameters: {params}",
+    lines = ["## Model", "", f"- package tag: `{c.tag}` (the experiment dir's name); class `{c.family}` "
+             f"(funasr {c.export.get('versions', {}).get('funasr', '?')}); parameters: {params}",
+             *([f"- trained: {c.trained}"] if c.trained else []),
              f"- encoder: {c.train_config.get('encoder', '?')}, width {enc.get('output_size', '?')}, "
              f"{enc.get('num_blocks', '?')} blocks, {enc.get('attention_heads', '?')} heads",
              f"- frontend: {front.get('n_mels', 80)} mel bins at {front.get('fs', 16000)} Hz, "

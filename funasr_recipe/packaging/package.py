@@ -45,6 +45,7 @@ from funasr_recipe.core.files import sha256_file
 from funasr_recipe.core.imports import imported_modules, local_closure, third_party
 from funasr_recipe.core.jsonl import iter_jsonl
 from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.model.provenance import model_label, recipe_record
 from funasr_recipe.packaging.model_card import CardInputs, read_json, render
 from funasr_recipe.packaging.requirements import normalized, pinned, read_pins
 from funasr_recipe.packaging.triton_ensemble import PYTHON_MODEL, write_repositories
@@ -214,12 +215,23 @@ def build_package(exp_dir: Path, data_jsonl: Path, model_dir: Path, max_batch: i
         tag=tag, family=family, parameters=parameter_count(model_dir, pkg / "onnx" / "model.onnx"),
         files=files, triton_models=triton, trt=trt, export=read_json(pkg / "onnx" / "export.json") or {},
         parity=parity, train_config=_yaml(pkg / "train_config.yaml") or config,
-        results_md=_text(pkg / "RESULTS.md"), benchmark_md=_text(pkg / "benchmark.md"), tokenizer=tokenizer)
+        results_md=_text(pkg / "RESULTS.md"), benchmark_md=_text(pkg / "benchmark.md"), tokenizer=tokenizer,
+        trained=trained_as(model_dir))
     card.corpus, card.sets = data_reports(data_jsonl)
     (pkg / "README.md").write_text(render(card), encoding="utf-8")
     sha256sums(pkg)
     write_tarball(pkg, exp_dir / "package.tar.gz", tag)
     return pkg
+
+
+def trained_as(model_dir: Path) -> str | None:
+    """The card's "trained" line: the model dir's name in results (model/provenance.py) and the config its
+    run used; None for a model dir this recipe did not make."""
+    record = recipe_record(model_dir)
+    if not record or "checkpoint" not in record:
+        return None
+    config = f"; config `{record['config']}`" if record.get("config") else ""
+    return f"{model_label(model_dir, model_dir.parent.name)}{config}"
 
 
 def _text(path: Path) -> str | None:

@@ -281,6 +281,8 @@ def markdown(report: dict) -> str:
     loaded = (" (measured under load from other processes: absolute figures are pessimistic, ratios less "
               "affected)" if max(m["load_before"][0], m["load_after"][0]) > m["cores_available"] else "")
     lines = [f"# Runtime benchmark: {report['tag']} ({report['family']})", "",
+             *([f"Model: {report['model']}, exported to `{report['export_dir']}`.", ""]
+               if report.get("model") else []),
              f"{report['utterances']} utterances of `{report['data_jsonl']}` "
              f"({report['audio_seconds']:.1f} s of audio), end to end from audio file to text; "
              f"{report['threads']} threads per runtime on {m['cores_available']} available cores "

@@ -2,10 +2,11 @@
 
 Reads  <exp-dir>/decode_*/result.json (scoring/score.py: decode_<set> for the trained model,
        decode_<set>_pretrained for the model before fine-tuning);
-writes <exp-dir>/RESULTS.md (or --out): a header (config tag, date of the newest score, versions), one
-       table row per (model, set) with CER, WER, the primary error rate and its S/D/I, tag accuracies
-       and RTF, then a per-language table for each set that has more than one language; with
-       <exp-dir>/regression.json (scoring/regression.py), the regression gate's table.
+writes <exp-dir>/RESULTS.md (or --out): a header (the exp dir, the config and pretrained model the run
+       used and the model it made, as stage 2 recorded them: model/provenance.py; the date of the newest
+       score, versions), one table row per (model, set) with CER, WER, the primary error rate and its
+       S/D/I, tag accuracies and RTF, then a per-language table for each set that has more than one
+       language; with <exp-dir>/regression.json (scoring/regression.py), the regression gate's table.
 
 Rows are sorted by set, and within a set the pretrained model comes first, so the effect of
 fine-tuning reads off two adjacent rows.
@@ -24,6 +25,7 @@ from funasr_recipe.core.env import versions
 from funasr_recipe.core.fmt import pct
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.data.tags import TAG_KINDS
+from funasr_recipe.model.provenance import describe_model_dir, model_label, recipe_record, run_options
 from funasr_recipe.scoring.regression import regression_section
 
 
@@ -107,13 +109,26 @@ def notes(results: list[tuple[Path, dict]]) -> list[str]:
     return ["", *out] if out else []
 
 
+def run_lines(exp_dir: Path) -> list[str]:
+    """The header's account of the run: the exp dir and config as given, the pretrained model, the model
+    it made (the final/ model dir's record)."""
+    options = run_options(exp_dir)
+    lines = [f"- exp dir: {exp_dir}",
+             f"- config: {options.get('config', 'not recorded (a run from before train_identity.json)')}"]
+    if options.get("pretrained-dir"):
+        lines.append(f"- pretrained model: {describe_model_dir(Path(options['pretrained-dir']))}")
+    final = exp_dir / "final"
+    if recipe_record(final):
+        lines.append(f"- model: {model_label(final, Path(options.get('config', 'model')).stem)}")
+    return lines
+
+
 def render(exp_dir: Path, results: list[tuple[Path, dict]], now: datetime.datetime | None = None) -> str:
     now = now or datetime.datetime.now()
     v = versions("torch", "funasr")
     env = (f"python {platform.python_version()}, torch {v['torch']}, "
            f"funasr {v['funasr']}, {platform.system()} {platform.machine()}")
-    lines = [f"# RESULTS: {exp_dir.name}", "",
-             f"- config tag: {exp_dir.name}",
+    lines = [f"# RESULTS: {exp_dir}", "", *run_lines(exp_dir),
              f"- date: {now:%Y-%m-%d %H:%M:%S}",
              f"- environment: {env}",
              "- error rates in % after text normalisation (scoring/error_rate.py): CER over characters, "

@@ -26,7 +26,7 @@ from pathlib import Path
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.dist.markers import read_fingerprint
 from funasr_recipe.model.config import load_config
-from funasr_recipe.model.model_dir import TRAIN_IDENTITY
+from funasr_recipe.model.provenance import TRAIN_IDENTITY
 
 log = logging.getLogger(__name__)
 

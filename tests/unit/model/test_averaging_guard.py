@@ -192,3 +192,24 @@ def test_the_validation_loss_is_funasrs_on_its_validation_loader(tiny_exp: Path)
     assert len(losses) > 1
     assert got == pytest.approx(sum(losses) / len(losses), rel=1e-5)
     scorer.close()
+
+
+def test_final_records_the_run_that_made_it(tmp_path: Path) -> None:
+    """final/configuration.json names the run's config, the model it fine-tuned and that model's origin
+    (model/provenance.py), so that results and the model card name what was trained."""
+    hub_copy = tmp_path / "SenseVoiceSmall"
+    hub_copy.mkdir()
+    hub = {"model_name_in_hub": {"ms": "iic/SenseVoiceSmall"}}
+    (hub_copy / "configuration.json").write_text(json.dumps(hub))
+    exp = tmp_path / "exp"
+    toy_run(exp, {"model.pt.ep1": 1.0, "model.pt.ep2": 5.0})
+    options = {"config": "conf/sensevoice_small.yaml", "pretrained-dir": str(hub_copy), "exp-dir": "exp"}
+    identity = {f"option.{k}": json.dumps(v) for k, v in options.items()}
+    (exp / "train_identity.json").write_text(json.dumps(identity))
+    assert main(["--exp-dir", str(exp)]) == 0
+    card = recipe(exp / "final")
+    assert (card["config"], card["pretrained"], card["model"]) == \
+        ("conf/sensevoice_small.yaml", str(hub_copy), "iic/SenseVoiceSmall")
+    from funasr_recipe.model.provenance import model_label
+
+    assert model_label(exp / "final") == f"iic/SenseVoiceSmall fine-tuned from {hub_copy}, epoch 1 checkpoint"

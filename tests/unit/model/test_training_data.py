@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from funasr_recipe.model.model_dir import TRAIN_IDENTITY, recorded_training_data, training_data
+from funasr_recipe.model.model_dir import recorded_training_data, training_data
+from funasr_recipe.model.provenance import TRAIN_IDENTITY
 
 
 def _identity(exp: Path, data_dir: str, train_set: str) -> None:

@@ -92,8 +92,9 @@ def test_merge_refuses_when_a_shard_lost_utterances(tmp_path: Path) -> None:
 
 
 def test_merge_names_the_model_from_its_dir(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """Without --model-name: '<tag> <checkpoint>' from the averaged dir's configuration.json, 'pretrained
-    <dir>' for the model fine-tuned from; a dir that is not one of stage 3's is refused (exit 2)."""
+    """Without --model-name: what the averaged dir's configuration.json records (model/provenance.py; a
+    dir from before the record: '<tag> <checkpoint>'), 'pretrained <dir>' for the model fine-tuned from;
+    a dir that is not one of stage 3's is refused (exit 2)."""
     data = tmp_path / "dev" / "data.jsonl"
     data.parent.mkdir()
     data.write_text(json.dumps({"key": "a", "target": "ONE"}) + "\n")
@@ -107,7 +108,13 @@ def test_merge_names_the_model_from_its_dir(tmp_path: Path, capsys: pytest.Captu
     (final / "configuration.json").write_text(json.dumps({"recipe": {"checkpoint": "model.pt.avg5"}}))
     assert main(merge) == 0 and json.loads((out / "decode.json").read_text())["model"] == "tiny avg5"
     assert main([*merge, "--pretrained", "true"]) == 0
-    assert json.loads((out / "decode.json").read_text())["model"] == "pretrained final"
+    assert json.loads((out / "decode.json").read_text())["model"] == f"pretrained {final}"
+    record = {"checkpoint": "model.pt.avg3", "config": "conf/sensevoice_small.yaml", "pretrained": "/m/base",
+              "model": "tiny_sensevoice.yaml"}
+    (final / "configuration.json").write_text(json.dumps({"recipe": record}))
+    assert main(merge) == 0
+    assert json.loads((out / "decode.json").read_text())["model"] == \
+        "tiny_sensevoice.yaml fine-tuned from /m/base, average of 3 checkpoints"
     (final / "configuration.json").write_text("{broken")
     assert main(merge) == 2 and f"{final / 'configuration.json'}:1: not valid JSON" in capsys.readouterr().err
 

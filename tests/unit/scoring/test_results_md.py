@@ -56,8 +56,9 @@ def table_rows(text: str) -> list[list[str]]:
 def test_rows_sorted_by_set_with_pretrained_first(exp: Path) -> None:
     out = write_results_md(exp, exp / "RESULTS.md")
     text = out.read_text(encoding="utf-8")
-    assert text.startswith("# RESULTS: sv_ft\n")
-    assert "- config tag: sv_ft" in text and "torch " in text and "funasr " in text
+    assert text.startswith(f"# RESULTS: {exp}\n")
+    assert f"- exp dir: {exp}\n" in text and "torch " in text and "funasr " in text
+    assert "- config: not recorded" in text and "config tag" not in text  # no train_identity.json here
     assert table_rows(text) == [
         ["iic/SenseVoiceSmall", "dev", "40", "12.34", "20.00", "30.00", "90/30/30", "95.00", "50.00", "-",
          "0.0456"],
@@ -101,3 +102,33 @@ def test_dated_by_the_newest_score_so_a_rerun_writes_the_same_bytes(exp: Path) -
     assert f"- date: {stamp:%Y-%m-%d %H:%M:%S}" in first.decode()
     os.utime(exp / "decode_dev" / "result.json", (1_800_000_000, 1_800_000_000))  # a set was rescored
     assert write_results_md(exp, exp / "RESULTS.md").read_bytes() != first
+
+
+def test_header_names_the_config_exp_dir_and_models_the_run_used(tmp_path: Path) -> None:
+    """A tiny recipe model fine-tuned with conf/sensevoice_small.yaml into --exp-dir exp: the header says
+    so, instead of 'config tag: exp', and the model is named by what it is, not by the config's name."""
+    base = tmp_path / "fold" / "final"  # a from-scratch tiny model of this recipe
+    base.mkdir(parents=True)
+    record = {"checkpoint": "model.pt.avg5", "config": "conf/tiny_sensevoice.yaml",
+              "model": "tiny_sensevoice.yaml"}
+    (base / "configuration.json").write_text(json.dumps({"model_name_in_hub": {"ms": "", "hf": ""},
+                                                         "recipe": record}))
+    exp = tmp_path / "exp"
+    write(exp, "decode_dev", result("x", "dev", counts(0.08, 500, 20, 10, 10), {}, False))
+    options = {"config": "conf/sensevoice_small.yaml", "pretrained-dir": str(base), "exp-dir": str(exp)}
+    identity = {f"option.{k}": json.dumps(v) for k, v in options.items()}
+    identity["config.model"] = json.dumps("SenseVoiceSmall")
+    (exp / "train_identity.json").write_text(json.dumps(identity))
+    from funasr_recipe.model.provenance import provenance
+
+    (exp / "final").mkdir()
+    (exp / "final" / "configuration.json").write_text(json.dumps(
+        {"recipe": {"checkpoint": "model.pt.avg3", **provenance(exp)}}))
+    text = write_results_md(exp, exp / "RESULTS.md").read_text(encoding="utf-8")
+    header = text.split("## Error rates")[0]
+    assert f"- exp dir: {exp}\n" in header
+    assert "- config: conf/sensevoice_small.yaml\n" in header
+    assert f"- pretrained model: {base} (tiny_sensevoice.yaml from scratch, average of 5 checkpoints)\n" \
+        in header
+    assert f"- model: tiny_sensevoice.yaml fine-tuned from {base}, average of 3 checkpoints\n" in header
+    assert "sensevoice_small avg" not in text and "config tag" not in text
