@@ -34,7 +34,7 @@ from funasr_recipe.core.cli import program_parser, run_main, split_overrides, st
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.dist.markers import mark_done
-from funasr_recipe.model.averaging import LOSS_MARGIN, finalize
+from funasr_recipe.model.defaults import LOSS_MARGIN
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,8 @@ def checkpoint_count(exp_dir: Path, num: int | None, overrides: list[str]) -> in
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> None:
+    from funasr_recipe.model.averaging import finalize  # torch: seconds, which --help does without
+
     num = checkpoint_count(args.exp_dir, args.num, overrides)
     if args.loss_margin < 0:
         raise BadInputError(f"--loss-margin must not be negative, got {args.loss_margin}")

@@ -27,8 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from funasr_recipe.compat.lazy_import import install as install_lazy_funasr
 from funasr_recipe.core.cli import EXIT_FAILURE, program_parser, run_main
 from funasr_recipe.core.env import available_cores
@@ -37,9 +35,8 @@ from funasr_recipe.core.log import setup_logging
 from funasr_recipe.data.manifest import read_utterances
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done
 from funasr_recipe.model.model_dir import load_automodel
-from funasr_recipe.runtime.export import export_onnx, family_of, write_export_info, write_runtime_files
+from funasr_recipe.runtime.defaults import MAX_INT8_WER_DELTA, MIN_IDENTICAL, PARITY_THREADS
 from funasr_recipe.runtime.funasr_onnx_runtime import funasr_onnx_check
-from funasr_recipe.runtime.parity import MAX_INT8_WER_DELTA, MIN_IDENTICAL, PARITY_THREADS, check_parity
 from funasr_recipe.runtime.sherpa_onnx_export import FAMILY as SHERPA_FAMILY
 from funasr_recipe.runtime.sherpa_onnx_export import missing_sherpa_files, write_sherpa_files
 from funasr_recipe.runtime.sherpa_onnx_runtime import sherpa_check
@@ -49,6 +46,10 @@ RUNTIME_SMOKE_UTTS = 2  # files funasr-onnx transcribes to show that it loads th
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch (the exporter, the PyTorch side of parity): seconds, which --help does without.
+    from funasr_recipe.runtime.export import export_onnx, family_of, write_export_info, write_runtime_files
+    from funasr_recipe.runtime.parity import check_parity
+
     out, model_dir = args.out, args.model_dir
     for path in (model_dir / "config.yaml", model_dir / "model.pt", args.data_jsonl):
         if not path.is_file():
@@ -136,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     if args.threads < 1 or args.parity_threads < 1:
         parser.error("--threads and --parity-threads must be at least 1")
+    import torch
+
     torch.set_num_threads(args.threads)
     log.info("Stage 4: ONNX export and parity: %s + %s -> %s", args.model_dir, args.data_jsonl, args.out)
     return run_main(lambda: run(args), log)

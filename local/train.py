@@ -22,16 +22,10 @@ import os
 import sys
 from pathlib import Path
 
-from funasr_recipe.compat import finetune
-from funasr_recipe.compat.hooks import HookOptions
-from funasr_recipe.compat.install import install, run_trainer
 from funasr_recipe.core.cli import program_parser, run_main, split_overrides, str2bool
 from funasr_recipe.core.lifetime import die_with_parent
 from funasr_recipe.core.log import setup_logging
-from funasr_recipe.data import replay
-from funasr_recipe.model.adapters import DEFAULT_TARGETS
-from funasr_recipe.model.trainer import TrainSetup, hydra_argv, refuse_ranges, replay_train_list
-from funasr_recipe.train import skipped
+from funasr_recipe.model.defaults import DEFAULT_TARGETS
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # First: torchrun runs each rank in a session of its own, so if torchrun is killed (kill -9, OOM
-    # killer) nothing else stops this rank from training on unseen (funasr_recipe/core/lifetime.py).
-    die_with_parent()
     own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     args = vars(build_parser().parse_args(own))
+    # First after the options (--help changes nothing): torchrun runs each rank in a session of its own,
+    # so if torchrun is killed (kill -9, OOM killer) nothing else stops this rank from training on unseen
+    # (funasr_recipe/core/lifetime.py).
+    die_with_parent()
+    # torch, DeepSpeed's and funasr's surface: seconds, which --help does without.
+    from funasr_recipe.compat import finetune
+    from funasr_recipe.compat.hooks import HookOptions
+    from funasr_recipe.compat.install import install, run_trainer
+    from funasr_recipe.data import replay
+    from funasr_recipe.model.trainer import TrainSetup, hydra_argv, refuse_ranges, replay_train_list
+    from funasr_recipe.train import skipped
+
     dry_run = args.pop("dry_run")
     fused = args.pop("fused_losses")
     hooks = HookOptions(metrics_port=args.pop("metrics_port"), grad_checkpoint=args.pop("grad_checkpoint"),

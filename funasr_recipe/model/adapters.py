@@ -36,12 +36,10 @@ import torch
 from funasr_recipe.core.files import write_atomic
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.model.checkpoint import safe_load
+from funasr_recipe.model.defaults import ALPHA_PER_RANK, DEFAULT_TARGETS
 
 ADAPTER_FILE = "adapter.json"
 FROZEN_FILE = "frozen_fp32.pt"
-ALPHA_PER_RANK = 2.0  # alpha = 2 * rank: the scale the LoRA paper's follow-ups and peft's examples use
-# SenseVoiceSmall's SANM encoder blocks (encoders0, encoders, tp_encoders): attention and feed-forward.
-DEFAULT_TARGETS = ("linear_q_k_v", "linear_out", "w_1", "w_2")
 _LORA = ".lora_"       # peft's adapter tensors: <layer>.lora_A.<adapter>.weight, .lora_B., ...
 _BASE = ".base_layer."  # peft keeps the wrapped Linear under <layer>.base_layer
 

@@ -46,14 +46,12 @@ from funasr_recipe.core.files import write_atomic
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.model.adapters import finish_state_dict
 from funasr_recipe.model.checkpoint import fp32_state_dict, safe_load
+from funasr_recipe.model.defaults import LOSS_MARGIN
 from funasr_recipe.model.model_dir import make_model_dir
 from funasr_recipe.model.validation_loss import NoValidSet, ValidationLoss, ValidSet, valid_set
 
 log = logging.getLogger(__name__)
 
-# A checkpoint whose recorded validation loss is more than this fraction of the best's above the best's
-# is left out of the average (module docstring: ``plan``).
-LOSS_MARGIN = 1.0
 _AVERAGE = re.compile(r"model\.pt\.avg\d+")
 
 

@@ -53,6 +53,7 @@ from funasr_recipe.features.numpy_fbank import (
     feature_difference,
     within_tolerance,
 )
+from funasr_recipe.runtime.defaults import MAX_INT8_WER_DELTA, MIN_IDENTICAL, PARITY_THREADS
 from funasr_recipe.runtime.export import family_of
 from funasr_recipe.runtime.onnx_asr import NO_OUTPUT, OnnxASR
 from funasr_recipe.scoring.error_rate import Counts, corpus_counts
@@ -60,14 +61,6 @@ from funasr_recipe.scoring.error_rate import Counts, corpus_counts
 log = logging.getLogger(__name__)
 Decoded = tuple[str, np.ndarray | None]  # a transcript, its (frames, vocabulary) log-probabilities
 
-MIN_IDENTICAL = 0.99
-MAX_INT8_WER_DELTA = 0.01
-# Threads of each side. Small inputs leave a second thread little to do but wait, and a wait that
-# another process's work can stretch: one utterance at a time on the demo's 2 cores, 100 dev clips took
-# PyTorch 0.9-1.4 s on 1 thread and 0.9 s on 2 with the cores idle, but 10-28 s on 2 with another
-# process running (ONNX fp32: 0.3-0.6 s, 0.4 s, 1.4-1.5 s). The whole check of the 500 clips, batched by
-# length, took 5.7 s on 1 thread and 4.9 s on 2, idle.
-PARITY_THREADS = 1
 # Feature frames per batch of equal-length utterances: each side holds a few (frames, vocabulary) float
 # tensors, 25,055 wide for SenseVoice: 100 MB each at 1,000 frames.
 BATCH_FRAMES = 1000

@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -156,3 +158,15 @@ def test_usage_lines_run_from_a_fresh_clone() -> None:
             bare += [f"{path.relative_to(ROOT)}: {line.strip()}" for line in doc.splitlines()
                      if re.match(r"\s+(eval \"\$\()?python3? -m (local|bench|recipes)\.", line)]
     assert bare == []
+
+
+def test_no_program_imports_torch_before_its_options_are_read() -> None:
+    """--help (and the docs' reference) start in tenths of a second: torch, funasr and DeepSpeed are
+    imported where the work starts, after the options."""
+    code = ("import importlib, json, sys\n"
+            f"for name in {programs()!r}:\n"
+            "    importlib.import_module(name)\n"
+            "print(json.dumps(sorted(m for m in ('torch', 'funasr', 'deepspeed') if m in sys.modules)))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         check=True)
+    assert json.loads(res.stdout) == []
