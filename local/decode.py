@@ -82,11 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_shard_work_options(parser)
     parser.add_argument("--model-dir", type=Path,
                         help="model dir in the hub's layout (work; merge: names the model)")
-    parser.add_argument("--tag", default="model", help="merge: the experiment's tag, first word of the name")
+    parser.add_argument("--tag", default="model",
+                        help="merge: the first word of the name of a model dir made before model dirs "
+                        "recorded their run (model/provenance.py names the others)")
     parser.add_argument("--pretrained", type=str2bool, default=False,
                         help="merge: the model is the one fine-tuned from (named 'pretrained <dir>')")
-    parser.add_argument("--model-name", help="merge: the model's name in the results (default: from "
-                        "--model-dir, --tag and --pretrained)")
+    parser.add_argument("--model-name", help="merge: the model's name in the results (default: what "
+                        "--model-dir's configuration.json records, model/provenance.py)")
     parser.add_argument("--after", nargs=2, metavar=("MARKER", "FINGERPRINT"),
                         help="work: wait (up to --wait-timeout) until MARKER holds FINGERPRINT before "
                         "reading --model-dir: run.sh starts the workers while it averages the model")
