@@ -78,17 +78,19 @@ def _node(args: argparse.Namespace) -> int:
 
 # Training options that do not shape the model, or whose content the identity holds instead of the path.
 NOT_IDENTITY = frozenset({"exp-dir", "strict", "config", "ds-config", "pretrained-dir"})
+# Of those, the ones recorded by name (never compared): what results call the run (model/provenance.py).
+GIVEN = ("config", "pretrained-dir", "exp-dir")
 
 
 def _resume(args: argparse.Namespace, overrides: list[str]) -> int:
     from funasr_recipe.train import resume_guard  # omegaconf: not for the many other marker commands
 
     words = shlex.split(args.train_opts)
-    options = {words[i].lstrip("-"): words[i + 1] for i in range(0, len(words) - 1, 2)
-               if words[i].lstrip("-") not in NOT_IDENTITY}
+    given = {words[i].lstrip("-"): words[i + 1] for i in range(0, len(words) - 1, 2)}
+    options = {name: value for name, value in given.items() if name not in NOT_IDENTITY}
     options["world-size"] = str(args.world_size)
     new = resume_guard.identity(args.config, overrides, args.ds_config, options, args.dump_marker,
-                                args.pretrained_dir)
+                                args.pretrained_dir, {name: given[name] for name in GIVEN if name in given})
     if args.node_rank != 0:  # node 0 decides and moves; the others only refuse what node 0 will refuse
         if not args.restart:
             resume_guard.check(args.exp_dir, new, restart=False)

@@ -29,11 +29,12 @@ CONFIGURATION = "configuration.json"
 
 def run_options(exp_dir: Path) -> dict[str, str]:
     """Stage 2's options of the run in ``exp_dir`` as given (``config``, ``pretrained-dir``, ``exp-dir``,
-    ``train-set``, ...), from its train_identity.json; {} for a run from before that record."""
+    ``train-set``, ...), from its train_identity.json (``option.*``, and ``given.*``: the paths whose
+    content the identity compares); {} for a run from before that record."""
     try:
         identity = json.loads((exp_dir / TRAIN_IDENTITY).read_text(encoding="utf-8"))
-        return {key.removeprefix("option."): str(json.loads(value)) for key, value in identity.items()
-                if key.startswith("option.")}
+        return {key.split(".", 1)[1]: str(json.loads(value)) for key, value in identity.items()
+                if key.startswith(("option.", "given."))}
     except (OSError, ValueError, AttributeError):
         return {}
 

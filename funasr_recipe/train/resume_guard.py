@@ -10,7 +10,9 @@ deleting it.
 Reads  <exp-dir>/train_identity.json (the settings the checkpoints there came from), the model config with
        the overrides applied, the DeepSpeed config, the training options, the dump's ``.done`` marker (data,
        features and tokenizer: stage 1's fingerprint covers them) and the pretrained model dir's file list;
-writes <exp-dir>/train_identity.json (``record``) and, on restart, moves the old run's files into
+writes <exp-dir>/train_identity.json (``record``; beside the settings, the config, pretrained dir and exp
+       dir by the names the run was given them, ``given.*``: compared never, read by
+       model/provenance.py to name what was used) and, on restart, moves the old run's files into
        <exp-dir>/superseded/<UTC time>/.
 """
 
@@ -43,6 +45,10 @@ RESUMABLE = frozenset({
     "config.dataset_conf.prefetch_factor",
 })
 GROWS = frozenset({"config.train_conf.max_epoch"})
+# Paths as the run was given them (its config, pretrained dir, exp dir): recorded to name what was used
+# (model/provenance.py), never compared: their contents are (config.*, pretrained.*), so the same config
+# under another name, or a moved exp dir, resumes.
+GIVEN = "given."
 # What stays in <exp-dir> on restart: the logs of this very invocation and the earlier runs set aside.
 KEPT_ON_RESTART = frozenset({"log", SUPERSEDED})
 
@@ -65,9 +71,11 @@ def _dir_listing(root: Path) -> dict[str, str]:
 
 
 def identity(config: Path, overrides: list[str], ds_config: Path | None, options: dict[str, str],
-             dump_marker: Path, pretrained_dir: Path | None) -> dict[str, str]:
-    """The run's settings that shape the model, flattened to ``area.key -> JSON value``."""
-    out: dict[str, str] = {}
+             dump_marker: Path, pretrained_dir: Path | None, given: dict[str, str] | None = None
+             ) -> dict[str, str]:
+    """The run's settings that shape the model, flattened to ``area.key -> JSON value``, and ``given``:
+    the paths by the names the run got them (``given.config``, ...; never compared)."""
+    out = {f"{GIVEN}{name}": json.dumps(value) for name, value in sorted((given or {}).items())}
     _flatten("config", _container(load_config(config, overrides)), out)
     if ds_config is not None:
         try:
@@ -95,7 +103,7 @@ def differences(old: dict[str, str], new: dict[str, str]) -> list[str]:
     lines = []
     for key in sorted(set(old) | set(new)):
         before, after = old.get(key), new.get(key)
-        if before == after or key in RESUMABLE:
+        if before == after or key in RESUMABLE or key.startswith(GIVEN):
             continue
         if key in GROWS and None not in (before, after) and json.loads(after) >= json.loads(before):
             continue

@@ -204,7 +204,7 @@ def test_final_records_the_run_that_made_it(tmp_path: Path) -> None:
     exp = tmp_path / "exp"
     toy_run(exp, {"model.pt.ep1": 1.0, "model.pt.ep2": 5.0})
     options = {"config": "conf/sensevoice_small.yaml", "pretrained-dir": str(hub_copy), "exp-dir": "exp"}
-    identity = {f"option.{k}": json.dumps(v) for k, v in options.items()}
+    identity = {f"given.{k}": json.dumps(v) for k, v in options.items()}  # local.marker resume's record
     (exp / "train_identity.json").write_text(json.dumps(identity))
     assert main(["--exp-dir", str(exp)]) == 0
     card = recipe(exp / "final")

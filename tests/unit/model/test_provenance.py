@@ -45,8 +45,10 @@ def test_a_fine_tune_of_a_tiny_model_with_another_config_is_named_by_the_tiny_mo
     assert model_label(base) == "tiny_sensevoice.yaml from scratch, average of 5 checkpoints"
     exp = tmp_path / "exp"
     exp.mkdir()
-    options = {"config": "conf/sensevoice_small.yaml", "pretrained-dir": str(base), "data-dir": "data"}
-    (exp / TRAIN_IDENTITY).write_text(json.dumps({f"option.{k}": json.dumps(v) for k, v in options.items()}))
+    # As local.marker resume records a run: paths by name under given.*, other options under option.*.
+    given = {"config": "conf/sensevoice_small.yaml", "pretrained-dir": str(base)}
+    identity = {f"given.{k}": json.dumps(v) for k, v in given.items()} | {"option.data-dir": '"data"'}
+    (exp / TRAIN_IDENTITY).write_text(json.dumps(identity))
     record = provenance(exp)
     assert record == {"config": "conf/sensevoice_small.yaml", "pretrained": str(base),
                       "model": "tiny_sensevoice.yaml"}

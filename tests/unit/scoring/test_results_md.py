@@ -116,7 +116,7 @@ def test_header_names_the_config_exp_dir_and_models_the_run_used(tmp_path: Path)
     exp = tmp_path / "exp"
     write(exp, "decode_dev", result("x", "dev", counts(0.08, 500, 20, 10, 10), {}, False))
     options = {"config": "conf/sensevoice_small.yaml", "pretrained-dir": str(base), "exp-dir": str(exp)}
-    identity = {f"option.{k}": json.dumps(v) for k, v in options.items()}
+    identity = {f"given.{k}": json.dumps(v) for k, v in options.items()}  # local.marker resume's record
     identity["config.model"] = json.dumps("SenseVoiceSmall")
     (exp / "train_identity.json").write_text(json.dumps(identity))
     from funasr_recipe.model.provenance import provenance

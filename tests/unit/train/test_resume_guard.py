@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.model.provenance import run_options
 from funasr_recipe.train import resume_guard
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -106,3 +107,23 @@ def test_the_program_exits_2_before_training(tmp_path: Path) -> None:
     res = subprocess.run(cmd[:-1] + ["++train_conf.log_interval=3"], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 0, res.stderr
+    # The exp dir by the name the run was given it (the record was made with none: never compared).
+    assert run_options(exp) == {"exp-dir": "/elsewhere", "train-set": "train", "world-size": "1"}
+
+
+def test_the_paths_are_recorded_by_name_and_never_compared(tmp_path: Path) -> None:
+    """given.*: the config, pretrained dir and exp dir as named, for the results (model/provenance.py);
+    their contents are what the identity compares, so a copy of the config under another name resumes."""
+    marker = tmp_path / "dump.done"
+    marker.write_text("fp-1\n")
+    old = resume_guard.identity(CONFIG, [], DS, {"train-set": "train"}, marker, None,
+                                {"config": "conf/tiny_sensevoice.yaml", "exp-dir": "exp"})
+    exp = trained_exp(tmp_path, old)
+    copy = tmp_path / "mine.yaml"
+    copy.write_text(CONFIG.read_text())
+    new = resume_guard.identity(copy, [], DS, {"train-set": "train"}, marker, None,
+                                {"config": str(copy), "exp-dir": str(exp)})
+    assert resume_guard.check(exp, new, restart=False) == "resume"
+    assert run_options(exp)["config"] == "conf/tiny_sensevoice.yaml"
+    resume_guard.record(exp, new)
+    assert run_options(exp)["config"] == str(copy)
