@@ -168,9 +168,13 @@ def test_finetune_results_show_the_pretrained_model_too(prepared: Path, finetune
     assert res.returncode == 0, res.stderr[-4000:]
     before = json.loads((finetuned / "decode_dev_pretrained" / "result.json").read_text())
     after = json.loads((finetuned / "decode_dev" / "result.json").read_text())
-    assert before["model"].startswith("pretrained") and after["model"].startswith("sensevoice_small")
+    # Named by what they are (model/provenance.py): the tiny model, not the config it was fine-tuned with.
+    base = (trained / "best_model").resolve()
+    assert before["model"] == f"pretrained tiny_sensevoice.yaml ({base})"
+    assert after["model"].startswith(f"tiny_sensevoice.yaml fine-tuned from {base}, ")
     results_md = (finetuned / "RESULTS.md").read_text()
     assert before["model"] in results_md and after["model"] in results_md
+    assert "- config: conf/sensevoice_small.yaml\n" in results_md and "config tag" not in results_md
 
 
 def test_conformer_ctc_family_runs_stages_1_to_5(prepared: Path) -> None:
