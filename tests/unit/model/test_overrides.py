@@ -179,7 +179,7 @@ def written_overrides() -> dict[Path, list[str]]:
     write (a placeholder value, ``{epochs}``, ``${batch}``, ``<dir>``, ``N``, or one cut off by quoting, as
     null: its key is checked, not its type)."""
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "README.md",
-                             "docs/*.md", "conf", "slurm", "tests/*.py", "bench"],
+                             "docs/*.md", "recipes/*.md", "conf", "slurm", "tests/*.py", "bench"],
                             cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     found: dict[Path, list[str]] = {}
     for rel in sorted(set(listed) - THIS):

@@ -1,5 +1,5 @@
 """Repository hygiene that review would otherwise have to catch: the layering of the code, ruff, file
-sizes, shell syntax and lint, and the README's layout against the tree."""
+sizes, shell syntax and lint, and the documented layout against the tree."""
 
 from __future__ import annotations
 
@@ -198,17 +198,17 @@ def test_shell_scripts_pass_shellcheck() -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_readme_layout_matches_the_tree() -> None:
-    """The README's Layout section names every top-level folder and every sub-package, and each name in
-    it exists."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    layout = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+def test_documented_layout_matches_the_tree() -> None:
+    """The Layout section of docs/architecture.md names every top-level folder and every sub-package, and
+    each name in it exists."""
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    layout = page.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
     block = "\n".join(line for line in layout.splitlines() if line.startswith("    "))
     named = set(re.findall(r"^\s{4,}([\w.-]+/)", block, re.MULTILINE))
     folders = {f"{p.relative_to(ROOT).parts[0]}/" for p in tracked("*")
                if len(p.relative_to(ROOT).parts) > 1 and not p.relative_to(ROOT).parts[0].startswith(".")}
     subpackages = {f"{p.name}/" for p in (ROOT / PACKAGE).iterdir() if (p / "__init__.py").is_file()}
-    assert folders <= named, f"not in the README's layout: {folders - named}"
-    assert subpackages <= named, f"sub-packages not in the README's layout: {subpackages - named}"
+    assert folders <= named, f"not in the documented layout: {folders - named}"
+    assert subpackages <= named, f"sub-packages not in the documented layout: {subpackages - named}"
     assert set(LAYERS) == {s.rstrip("/") for s in subpackages}
     assert named <= folders | subpackages, f"named but not in the tree: {named - folders - subpackages}"
