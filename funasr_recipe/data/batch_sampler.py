@@ -20,8 +20,10 @@ training epoch takes every new utterance plus R x as many replay ones drawn anew
 
   ./run.sh ... -- ++dataset_conf.replay_list='[dump/replay_zh/data.jsonl]' ++dataset_conf.replay_ratio=1
 
-It reads only ``dataset.get_source_len(i)`` and ``len(dataset)`` (with replay also
-``dataset.index_ds[i]["source"]`` and the replay lists), once, at construction; it writes nothing.
+It reads only ``len(dataset)`` and every ``dataset.get_source_len(i)``, or the dataset's
+``source_lengths()`` array where it has one (with replay also every ``dataset.index_ds[i]["source"]``,
+which parses every line of a mapped index: seconds per million utterances, fine for a fine-tuning set,
+and the replay lists), once, at construction; it writes nothing.
 The module has to be imported (``import funasr_recipe.data.batch_sampler``) before funasr builds
 the dataloader, so that the name is in the table.
 """
@@ -101,10 +103,7 @@ class BucketBatchSampler:
         self.seed, self.length_jitter = int(seed), float(length_jitter)
         self.epoch = 0
         self._cache: tuple[int, list[list[int]]] | None = None
-        # Read once: funasr's datasets look the length up in a dict per call, and the list is needed
-        # for every epoch.
-        lengths = np.fromiter((dataset.get_source_len(i) for i in range(len(dataset))), dtype=np.int64,
-                              count=len(dataset))
+        lengths = source_lengths(dataset)
         self.lengths = lengths
         self.kept = np.arange(len(lengths))
         if max_token_length is not None:
@@ -184,6 +183,18 @@ class BucketBatchSampler:
     def __len__(self) -> int:
         # The trainer asks at every step (for its log line): served from the per-epoch cache.
         return len(self.rank_batches())
+
+
+def source_lengths(dataset: Any) -> np.ndarray:
+    """Every utterance's source_len, read once (every epoch needs them): the dataset's own array where it
+    has one (data/feats_dataset.py over data/index_ds.py: the mapped lengths, no copy, no line parsed),
+    else ``get_source_len(i)`` of each (funasr's datasets: a dict look-up, or a parse, per utterance)."""
+    fast = getattr(dataset, "source_lengths", None)
+    lengths = fast() if fast is not None else None
+    if lengths is not None:
+        return lengths
+    return np.fromiter((dataset.get_source_len(i) for i in range(len(dataset))), dtype=np.int64,
+                       count=len(dataset))
 
 
 def replay_mask(dataset: Any, replay_list: str | Path | Iterable[str | Path]) -> np.ndarray:

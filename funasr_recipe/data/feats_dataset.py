@@ -77,6 +77,21 @@ class _StageOneFeatures:
         # Made here, in the training process, so that the DataLoader's workers inherit the mapping.
         self._pool = batch_pool(self.frontend, kwargs)
 
+    def get_source_len(self, index: int) -> int:
+        # funasr's samplers ask per utterance per epoch; its datasets fetch the item for it, which the
+        # mapped index (data/index_ds.py) would parse: its length array answers instead.
+        at = getattr(self.index_ds, "source_len_at", None)
+        return at(index) if at is not None else super().get_source_len(index)
+
+    def get_target_len(self, index: int) -> int:
+        at = getattr(self.index_ds, "target_len_at", None)
+        return at(index) if at is not None else super().get_target_len(index)
+
+    def source_lengths(self) -> Any:
+        """Every utterance's source_len as the mapped index's array, or None (funasr's own index)."""
+        lengths = getattr(self.index_ds, "source_lengths", None)
+        return lengths() if lengths is not None else None
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         item = self.index_ds[index]
         speech = load_features(item["source"], self.frontend, self._reader())

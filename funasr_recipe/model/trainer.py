@@ -171,9 +171,10 @@ def resolved_config(hydra_args: list[str]) -> dict[str, Any]:
 
 
 def register_recipe_classes() -> None:
-    """Put the recipe's datasets, sampler, model and tokenizer classes in funasr's registry tables
+    """Put the recipe's datasets, index, sampler, model and tokenizer classes in funasr's registry tables
     (importing them)."""
     import funasr_recipe.data.batch_sampler  # noqa: F401  (LengthBucketBatchSampler)
     import funasr_recipe.data.feats_dataset  # noqa: F401  (the Fbank* datasets)
+    import funasr_recipe.data.index_ds  # noqa: F401  (IndexDSJsonlMmap)
     import funasr_recipe.model.conformer_ctc  # noqa: F401  (ConformerCTC)
     import funasr_recipe.model.sensevoice_tokenizer  # noqa: F401  (SenseVoiceTagTokenizer)

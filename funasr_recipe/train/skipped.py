@@ -1,15 +1,16 @@
 """Every utterance stage 2 will not train or validate on, named before training starts.
 
-funasr drops utterances silently: its index (``IndexDSJsonl``, all three registered names) keeps a
-data.jsonl line only when min_source_length <= source_len <= max_source_length, min_target_length <=
-target_len <= max_target_length and source_len + target_len <= max_token_length (dataset_conf, defaults
-0/2048, 0/2048, 2200), and logs nothing but ``total_num of samplers``. The batch sampler drops more:
-funasr's ``BatchSampler`` family source_len > max_token_length (token batches: default 2048, so with
-max_token_length unset it is stricter than the index's 2200; example batches: only when set, on
-source_len / length_scale_source), the recipe's LengthBucketBatchSampler source_len > max_token_length
-when set. With --feats-type raw, funasr's SenseVoice datasets replace an utterance by a random other one
-when its frontend output has more frames than batch_size (whatever batch_type says) or its transcript
-more than 200 tokens; the recipe's Fbank* datasets (stage-1 features, the default) have neither check.
+funasr drops utterances silently: its index (``IndexDSJsonl``, all three registered names, and the recipe's
+``IndexDSJsonlMmap`` alike) keeps a data.jsonl line only when min_source_length <= source_len <=
+max_source_length, min_target_length <= target_len <= max_target_length and source_len + target_len <=
+max_token_length (dataset_conf, defaults 0/2048, 0/2048, 2200), and logs nothing but ``total_num of
+samplers``. The batch sampler drops more: funasr's ``BatchSampler`` family source_len > max_token_length
+(token batches: default 2048, so with max_token_length unset it is stricter than the index's 2200; example
+batches: only when set, on source_len / length_scale_source), the recipe's LengthBucketBatchSampler
+source_len > max_token_length when set. With --feats-type raw, funasr's SenseVoice datasets replace an
+utterance by a random other one when its frontend output has more frames than batch_size (whatever
+batch_type says) or its transcript more than 200 tokens; the recipe's Fbank* datasets (stage-1 features, the
+default) have neither check.
 ``find_skips`` applies exactly these rules to the resolved config (model/trainer.py ``resolved_config``):
 the index's and the samplers' from the JSONL's numbers, as they do; the raw frames check from source_len
 and, for the utterances whose source_len cannot tell (it is cut to 10 ms), from the recording's header.
@@ -38,7 +39,8 @@ from funasr_recipe.model.trainer import resolved_config
 log = logging.getLogger(__name__)
 HEADER = "set\tkey\treason\tdetail\n"
 FILE = "train_skipped.tsv"
-INDEX_CLASSES = ("IndexDSJsonl", "IndexDSJsonlRankFull", "IndexDSJsonlRankSplit")
+# funasr's three names, and the recipe's mapped index with the same filters (data/index_ds.py).
+INDEX_CLASSES = ("IndexDSJsonl", "IndexDSJsonlRankFull", "IndexDSJsonlRankSplit", "IndexDSJsonlMmap")
 FUNASR_SAMPLERS = ("BatchSampler", "CustomDistributedBatchSampler", "CustomDistributedDynamicBatchSampler",
                    "DynamicBatchLocalShuffleSampler", "RankFullLocalShuffleBatchSampler",
                    "RankFullLocalShuffleDynamicBatchSampler")
