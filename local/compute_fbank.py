@@ -4,15 +4,16 @@ Reads  <data-dir>/<set>/data.jsonl (stage 0) and the model config's ``frontend_c
 (+ overrides; float32, or uint16 for half the bytes: funasr_recipe/features/storage.py);
 ``work`` (each rank) writes <dump-dir>/<set>/shards/ for its shards (funasr_recipe/features/dump.py);
 ``merge`` (node 0) waits for all shards, writes <dump-dir>/<set>/{data.jsonl,feats.scp,rejected.tsv,
-report.json}, <dump-dir>/<train-set>/am.mvn and, for a from-scratch model, the tokenizer in
---tokenizer-dir; then it takes out of each set the utterances whose target is too long for CTC to
-align to their audio (funasr_recipe/features/targets.py), with that tokenizer or, fine-tuning, the one
-in --pretrained-dir. ``verify`` (before stage 1 trusts a finished dump, and before stage 2 reads it)
-checks every shard the sets' <dump-dir>/<set>/data.jsonl name against the size and crc32 stage 1 recorded
-in its marker (funasr_recipe/features/shard_sums.py): one line per shard that fails, naming the file and
-what was expected and found, then exit 1; with --repair true it also removes those shards' markers, their
-sets' merged lists and <dump-dir>/.done, so that the next stage-1 run recomputes exactly those shards. A
-shard made before checksums were recorded cannot be checked and counts as failing.
+report.json}, <dump-dir>/<train-set>/am.mvn and, for a from-scratch model, the tokenizer in --tokenizer-dir;
+then it takes out of each set the utterances whose target is too long for CTC to align to their audio
+(funasr_recipe/features/targets.py), with that tokenizer or, fine-tuning, the one in --pretrained-dir; last,
+each set's raw.jsonl and the line indexes <dump-dir>/<set>/{data,raw}.jsonl.idx that stage 2 maps
+(funasr_recipe/data/line_index.py). ``verify`` (before stage 1 trusts a finished dump, and before stage 2
+reads it) checks every shard the sets' <dump-dir>/<set>/data.jsonl name against the size and crc32 stage 1
+recorded in its marker (funasr_recipe/features/shard_sums.py): one line per shard that fails, naming the
+file and what was expected and found, then exit 1; with --repair true it also removes those shards' markers,
+their sets' merged lists and <dump-dir>/.done, so that the next stage-1 run recomputes exactly those shards.
+A shard made before checksums were recorded cannot be checked and counts as failing.
 
   .venv/bin/python -m local.compute_fbank work --rank 0 --world-size 2 --config conf/tiny_sensevoice.yaml \\
       --sets "dev train" --train-set train
@@ -37,6 +38,7 @@ from funasr_recipe.compat.lazy_import import register_config
 from funasr_recipe.core.cli import StageFailed, env_rank, program_parser, run_main, split_overrides, str2bool
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.data import textnorm
+from funasr_recipe.data.line_index import build_index
 from funasr_recipe.features.dump import SetPlan, compute_shards, merge_set, plan_sets, write_cmvn
 from funasr_recipe.features.fbank_conf import FbankConf
 from funasr_recipe.features.shard_sums import ADVICE, verify_sets
@@ -108,10 +110,15 @@ def check_targets(args: argparse.Namespace, cfg: DictConfig, conf: FbankConf, pl
     """Normalise every merged target (data/textnorm.py: the config's ``transcript_norm``), then, with the
     tokenizer training will use (the one just built, or the pretrained model's), list the targets it
     cannot represent (untokenizable.tsv) and reject the utterances whose target CTC cannot align to their
-    audio; last, each set's raw.jsonl for training on the audio (the same utterances and targets)."""
+    audio; last, each set's raw.jsonl for training on the audio (the same utterances and targets), and
+    the line index of both lists."""
     _check_targets(args, cfg, conf, plans, built)
     for plan in plans:
         write_raw_list(plan)
+        # Last, once the lists are final: stage 2's IndexDSJsonlMmap then maps these instead of parsing
+        # every line in every rank.
+        for listing in ("data.jsonl", "raw.jsonl"):
+            build_index(plan.out / listing)
 
 
 def _check_targets(args: argparse.Namespace, cfg: DictConfig, conf: FbankConf, plans: list[SetPlan],

@@ -18,6 +18,7 @@ import torchaudio
 from funasr.frontends.wav_frontend import load_cmvn
 
 from funasr_recipe.data.feats_dataset import load_features
+from funasr_recipe.data.line_index import load_index
 from local import compute_fbank
 from tests.helpers.stage1_data import CONFIG, N_DEV, N_TRAIN, frontend, jsonl, stage1
 
@@ -55,6 +56,11 @@ def test_jsonl_points_at_features_with_frame_counts(dumped: Path) -> None:
             base = by_key[key.split("-", 1)[1]]
             assert item["target"] == base["target"]
             assert abs(item["source_len"] - base["source_len"] / factor) <= 2, key  # faster = shorter
+    # The merge leaves each final list's line index, current, for stage 2 to map.
+    for listing in ("train/data.jsonl", "dev/data.jsonl", "train/raw.jsonl"):
+        index = load_index(dumped / listing)
+        assert index.path == dumped / f"{listing}.idx" and index.stale() is None
+        assert index.source_len.tolist() == [i["source_len"] for i in jsonl(dumped / listing)]
 
 
 def test_silent_audio_gives_finite_features(dumped: Path) -> None:
