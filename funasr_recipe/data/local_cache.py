@@ -24,10 +24,10 @@ DataLoader workers share tensors through) falls back to the shared dump/ with a 
 
 Reads  <dump>/<set>/data.jsonl and the files their sources name under <dump>/;
 writes <cache>/<dump name>-<8 hex of its path>/ (the view, given to stage 2 as its --dump-dir): the copies
-       at their paths relative to <dump>, <set>/data.jsonl with the sources rewritten into the view,
-       symbolic links to everything else of <dump> (am.mvn, tokenizer/, the shards' .scp...: stage 2
-       resolves them, so its config names the shared files), .cache/<path>.json (the sidecars) and
-       cache.json (what the last fill did).
+       at their paths relative to <dump>, <set>/data.jsonl with the sources rewritten into the view and
+       its line index <set>/data.jsonl.idx (data/line_index.py), symbolic links to everything else of
+       <dump> (am.mvn, tokenizer/, the shards' .scp...: stage 2 resolves them, so its config names the
+       shared files), .cache/<path>.json (the sidecars) and cache.json (what the last fill did).
 
   result = fill(Path("dump"), Path("/dev/shm/asr"), ["train", "dev"])
   result.dump_dir       # the view, or Path("dump") after a fallback
@@ -55,6 +55,7 @@ from funasr_recipe.core.files import write_atomic
 from funasr_recipe.core.jsonl import iter_jsonl
 from funasr_recipe.core.log import Progress
 from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.data import line_index
 from funasr_recipe.features.shard_sums import ADVICE, recorded_sum
 
 log = logging.getLogger(__name__)
@@ -255,8 +256,9 @@ def link_rest(dump_dir: Path, plan: Plan) -> None:
     scp and jsonl...), so that the view is a dump dir: only the directories on the way to a copy or a
     list are real."""
     root = Path(os.path.realpath(dump_dir))
-    real = {e.dst.relative_to(plan.view) for e in plan.entries.values()} | {Path(n) / "data.jsonl"
-                                                                           for n in plan.lists}
+    # The lists and their line indexes are the view's own (write_lists): the dump's would not match.
+    real = {e.dst.relative_to(plan.view) for e in plan.entries.values()} | {
+        Path(n) / f for n in plan.lists for f in ("data.jsonl", "data.jsonl" + line_index.SUFFIX)}
     dirs = {p for rel in real for p in rel.parents}
     for rel_dir in sorted(dirs):
         for src in sorted((root / rel_dir).iterdir()):
@@ -268,20 +270,23 @@ def link_rest(dump_dir: Path, plan: Plan) -> None:
 
 
 def write_lists(plan: Plan) -> None:
-    """Each set's data.jsonl with the sources of copied files pointing into the view (atomically)."""
+    """Each set's data.jsonl with the sources of copied files pointing into the view (atomically, a line
+    at a time), and its line index (data/line_index.py), which stage 2's IndexDSJsonlMmap maps."""
     where: dict[str, str] = {}  # a source's file -> the file the view's list names (itself when not copied)
     for name, jsonl in plan.lists.items():
-        lines = []
-        for _, obj in iter_jsonl(jsonl):
-            path, rest = split_source(obj["source"])
-            if path not in where:
-                entry = plan.entries.get(Path(os.path.realpath(path)))
-                where[path] = str(entry.dst) if entry is not None else path
-            obj["source"] = where[path] + rest
-            lines.append(json.dumps(obj, ensure_ascii=False) + "\n")
         out = plan.view / name / "data.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(out, "".join(lines))
+        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for _, obj in iter_jsonl(jsonl):
+                path, rest = split_source(obj["source"])
+                if path not in where:
+                    entry = plan.entries.get(Path(os.path.realpath(path)))
+                    where[path] = str(entry.dst) if entry is not None else path
+                obj["source"] = where[path] + rest
+                f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        os.replace(tmp, out)
+        line_index.build_index(out)
 
 
 def _in_parallel(work: Callable[[Entry], object], entries: list[Entry], threads: int) -> list:

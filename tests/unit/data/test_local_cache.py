@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from funasr_recipe.data import local_cache
+from funasr_recipe.data.line_index import build_index, load_index
 from funasr_recipe.data.local_cache import fill, human, split_source, view_dir
 from tests.faults.procs import start_run_sh, wait_for
 from tests.helpers.train_fixtures import FAST, free_port
@@ -75,6 +76,8 @@ def test_split_source() -> None:
 def test_copies_the_shards_and_points_the_lists_at_them(tmp_path: Path) -> None:
     dump = tmp_path / "dump"
     mats = make_dump(dump, {"train": 7, "dev": 2, "replay_x": 3, "test": 2})
+    for name in ("train", "dev"):  # as stage 1 leaves them: the view must index its own lists
+        build_index(dump / name / "data.jsonl")
     res = fill(dump, tmp_path / "cache", ["train", "dev", "replay_x"], threads=3)
     view = view_dir(tmp_path / "cache", dump)
     assert res.dump_dir == view and res.fallback is None and res.copied == res.files == 3 + 1 + 1
@@ -87,6 +90,10 @@ def test_copies_the_shards_and_points_the_lists_at_them(tmp_path: Path) -> None:
         for line in lines:  # every source in the view, and it reads the same matrix
             assert line["source"].startswith(f"{view}/{name}/shards/"), line
             np.testing.assert_array_equal(kaldiio.load_mat(line["source"]), mats[line["key"]])
+        # Its own line index, which stage 2 maps without rebuilding it (the dump's describes other bytes).
+        index = view / name / "data.jsonl.idx"
+        assert not index.is_symlink() and load_index(view / name / "data.jsonl").path == index
+        assert index.stat().st_mtime_ns >= (view / name / "data.jsonl").stat().st_mtime_ns
         # The rest of the set is linked: stage 2 resolves am.mvn to the shared file.
         assert (view / name / "am.mvn").resolve() == (dump / name / "am.mvn").resolve()
         assert (view / name / "shards" / "00000.scp").is_symlink()
