@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import unicodedata
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,13 +63,14 @@ class UttScore:
 def read_text(path: Path) -> dict[str, str]:
     """``key text`` lines -> {key: text}; a key alone is an empty text."""
     out: dict[str, str] = {}
-    first: dict[str, int] = {}
     try:
         for rec in iter_table(path):
             if rec.key in out:
+                # Found again rather than kept: a line number per key would cost as much as the text.
+                first = next(r.lineno for r in iter_table(path) if r.key == rec.key)
                 raise ScoreInputError(f"{path}:{rec.lineno}: duplicate key {rec.key!r} "
-                                      f"(first on line {first[rec.key]})")
-            out[rec.key], first[rec.key] = rec.value, rec.lineno
+                                      f"(first on line {first})")
+            out[rec.key] = rec.value
     except TableError as e:
         raise ScoreInputError(str(e)) from None
     return out
@@ -75,13 +78,12 @@ def read_text(path: Path) -> dict[str, str]:
 
 def _tag(value: str) -> str | None:
     name = value.strip().removeprefix("<|").removesuffix("|>").strip()
-    return name or None
+    return sys.intern(name) if name else None  # a few distinct tags, each held once
 
 
 def read_tags(path: Path) -> dict[str, dict[str, str | None]]:
     """A tag TSV with a header naming its columns (``key`` first) -> {key: {column: value or None}}."""
     out: dict[str, dict[str, str | None]] = {}
-    first: dict[str, int] = {}
     with open(path, encoding="utf-8-sig", errors="strict") as f:
         try:
             # Line ends only (str.splitlines would also split a key holding U+2028 or U+0085).
@@ -99,9 +101,9 @@ def read_tags(path: Path) -> dict[str, dict[str, str | None]]:
             raise ScoreInputError(f"{path}:{lineno}: {len(cells)} fields, the header has {len(header)}")
         key = cells[0].strip()
         if key in out:
-            raise ScoreInputError(f"{path}:{lineno}: duplicate key {key!r} (first on line {first[key]})")
+            first = next(n for n, x in enumerate(lines[1:], start=2) if x.split("\t")[0].strip() == key)
+            raise ScoreInputError(f"{path}:{lineno}: duplicate key {key!r} (first on line {first})")
         out[key] = {h: _tag(c) for h, c in zip(header[1:], cells[1:], strict=True)}
-        first[key] = lineno
     return out
 
 
@@ -119,9 +121,9 @@ def read_decode_info(path: Path) -> dict:
 
 
 def score_utterances(refs: dict[str, str], hyps: dict[str, str],
-                     ref_tags: dict[str, dict[str, str | None]]) -> list[UttScore]:
-    """One UttScore per reference key, sorted by key."""
-    scores = []
+                     ref_tags: dict[str, dict[str, str | None]]) -> Iterator[UttScore]:
+    """One UttScore per reference key, sorted by key, made as it is asked for (its alignment is the
+    memory: a caller keeps what it needs of it, see Tally)."""
     for key in sorted(refs):
         ref = normalize(refs[key])
         hyp = normalize(hyps.get(key, ""))
@@ -129,9 +131,8 @@ def score_utterances(refs: dict[str, str], hyps: dict[str, str],
         unit = unit_for(lang, ref)
         status = "missing" if key not in hyps else "empty" if not hyp else "ok"
         by_unit = {u: align(tokens(ref, u), tokens(hyp, u)) for u in {"char", "word", unit}}
-        scores.append(UttScore(key, lang, unit, status, count(by_unit[unit]), count(by_unit["char"]),
-                               count(by_unit["word"]), by_unit[unit]))
-    return scores
+        yield UttScore(key, lang, unit, status, count(by_unit[unit]), count(by_unit["char"]),
+                       count(by_unit["word"]), by_unit[unit])
 
 
 def tag_accuracy(keys: list[str], ref_tags: dict[str, dict[str, str | None]],
@@ -153,42 +154,53 @@ def tag_accuracy(keys: list[str], ref_tags: dict[str, dict[str, str | None]],
     return out
 
 
-def top_errors(scores: list[UttScore]) -> dict[str, list]:
-    """The most frequent substitutions, insertions and deletions in the primary unit."""
-    sub: Counter = Counter()
-    ins: Counter = Counter()
-    dele: Counter = Counter()
-    for s in scores:
+@dataclass
+class Tally:
+    """What result.json needs of the scored utterances, added up one utterance at a time, so that no
+    alignment outlives its line of per_utt.txt."""
+
+    utterances: int = 0
+    cer: Counts = field(default_factory=Counts)
+    wer: Counts = field(default_factory=Counts)
+    primary: Counts = field(default_factory=Counts)
+    languages: dict[str, tuple[int, Counts, frozenset[str]]] = field(default_factory=dict)
+    sub: Counter = field(default_factory=Counter)
+    ins: Counter = field(default_factory=Counter)
+    dele: Counter = field(default_factory=Counter)
+    missing: list[str] = field(default_factory=list)
+    empty: list[str] = field(default_factory=list)
+
+    def add(self, s: UttScore) -> None:
+        self.utterances += 1
+        self.cer, self.wer, self.primary = self.cer + s.cer, self.wer + s.wer, self.primary + s.primary
+        lang = s.language or "unknown"
+        n, total, units = self.languages.get(lang, (0, Counts(), frozenset()))
+        self.languages[lang] = (n + 1, total + s.primary, units | {s.unit})
         for op, r, h in s.alignment:
             if op == "S":
-                sub[(r, h)] += 1
+                self.sub[(r, h)] += 1
             elif op == "I":
-                ins[h] += 1
+                self.ins[h] += 1
             elif op == "D":
-                dele[r] += 1
-    return {"substitutions": [[r, h, n] for (r, h), n in sub.most_common(TOP_N)],
-            "insertions": [[t, n] for t, n in ins.most_common(TOP_N)],
-            "deletions": [[t, n] for t, n in dele.most_common(TOP_N)]}
+                self.dele[r] += 1
+        if s.status == "missing":
+            self.missing.append(s.key)
+        elif s.status == "empty":
+            self.empty.append(s.key)
+
+    def top_errors(self) -> dict[str, list]:
+        """The most frequent substitutions, insertions and deletions in the primary unit."""
+        return {"substitutions": [[r, h, n] for (r, h), n in self.sub.most_common(TOP_N)],
+                "insertions": [[t, n] for t, n in self.ins.most_common(TOP_N)],
+                "deletions": [[t, n] for t, n in self.dele.most_common(TOP_N)]}
+
+    def per_language(self) -> dict[str, dict]:
+        """Primary-unit figures per reference language ("unknown" without one)."""
+        return {lang: {"utterances": n, "unit": "+".join(sorted(units)), **total.as_dict()}
+                for lang, (n, total, units) in sorted(self.languages.items())}
 
 
-def per_language(scores: list[UttScore]) -> dict[str, dict]:
-    """Primary-unit figures per reference language ("unknown" without one)."""
-    groups: dict[str, list[UttScore]] = {}
-    for s in scores:
-        groups.setdefault(s.language or "unknown", []).append(s)
-    out = {}
-    for lang in sorted(groups):
-        total = sum((s.primary for s in groups[lang]), Counts())
-        units = sorted({s.unit for s in groups[lang]})
-        out[lang] = {"utterances": len(groups[lang]), "unit": "+".join(units), **total.as_dict()}
-    return out
-
-
-def _total(scores: list[UttScore], attr: str) -> dict:
-    return sum((getattr(s, attr) for s in scores), Counts()).as_dict()
-
-
-def summarize(decode_dir: Path, scores: list[UttScore], hyps: dict[str, str], refs: dict[str, str],
+def summarize(decode_dir: Path, tally: Tally, hyps: dict[str, str], refs: dict[str, str],
               ref_tags: dict, hyp_tags: dict, info: dict) -> dict:
     """The figures of result.json."""
     name = decode_dir.name.removeprefix("decode_")
@@ -199,13 +211,13 @@ def summarize(decode_dir: Path, scores: list[UttScore], hyps: dict[str, str], re
     return {
         "set": info.get("set") or name.removesuffix("_pretrained"),
         "model": info.get("model") or ("pretrained" if pretrained else decode_dir.parent.name),
-        "utterances": len(scores),
-        "cer": _total(scores, "cer"), "wer": _total(scores, "wer"), "primary": _total(scores, "primary"),
-        "per_language": per_language(scores),
-        "tag_accuracy": tag_accuracy([s.key for s in scores], ref_tags, hyp_tags),
-        "top_errors": top_errors(scores),
-        "missing_hyp": [s.key for s in scores if s.status == "missing"],
-        "empty_hyp": [s.key for s in scores if s.status == "empty"],
+        "utterances": tally.utterances,
+        "cer": tally.cer.as_dict(), "wer": tally.wer.as_dict(), "primary": tally.primary.as_dict(),
+        "per_language": tally.per_language(),
+        "tag_accuracy": tag_accuracy(sorted(refs), ref_tags, hyp_tags),
+        "top_errors": tally.top_errors(),
+        "missing_hyp": tally.missing,
+        "empty_hyp": tally.empty,
         "extra_hyp": sorted(set(hyps) - set(refs)),
         "rtf": rtf, "audio_seconds": info.get("audio_seconds"),
         "decode_seconds": info.get("decode_seconds"), "processes": info.get("processes"),
@@ -239,15 +251,13 @@ def alignment_lines(alignment: list[tuple[str, str | None, str | None]]) -> list
             (("REF:", ref_cells), ("HYP:", hyp_cells), ("EVAL:", eval_cells))]
 
 
-def write_per_utt(path: Path, scores: list[UttScore]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for s in scores:
-            c = s.primary
-            status = "" if s.status == "ok" else f"  hyp={s.status}"
-            f.write(f"{s.key}  lang={s.language or 'unknown'}  unit={s.unit}  #ref={c.n_ref}  "
-                    f"#C={c.cor} #S={c.sub} #D={c.dele} #I={c.ins}  err={_pct(c.as_dict()['rate'])}"
-                    f"{status}\n")
-            f.write("\n".join(alignment_lines(s.alignment)) + "\n\n")
+def per_utt_text(s: UttScore) -> str:
+    """One utterance's entry of per_utt.txt: its counts, then its aligned REF/HYP/EVAL lines."""
+    c = s.primary
+    status = "" if s.status == "ok" else f"  hyp={s.status}"
+    return (f"{s.key}  lang={s.language or 'unknown'}  unit={s.unit}  #ref={c.n_ref}  "
+            f"#C={c.cor} #S={c.sub} #D={c.dele} #I={c.ins}  err={_pct(c.as_dict()['rate'])}{status}\n"
+            + "\n".join(alignment_lines(s.alignment)) + "\n\n")
 
 
 def _keys_line(keys: list[str]) -> str:
@@ -307,9 +317,12 @@ def score_dir(decode_dir: Path) -> dict:
     tag_files = [decode_dir / "ref_tags.tsv", decode_dir / "hyp_tags.tsv"]
     ref_tags, hyp_tags = (read_tags(p) if p.is_file() else {} for p in tag_files)
     info = read_decode_info(decode_dir / "decode.json")
-    scores = score_utterances(refs, hyps, ref_tags)
-    res = summarize(decode_dir, scores, hyps, refs, ref_tags, hyp_tags, info)
-    write_per_utt(decode_dir / "per_utt.txt", scores)
+    tally = Tally()
+    with open(decode_dir / "per_utt.txt", "w", encoding="utf-8") as f:
+        for s in score_utterances(refs, hyps, ref_tags):
+            f.write(per_utt_text(s))
+            tally.add(s)
+    res = summarize(decode_dir, tally, hyps, refs, ref_tags, hyp_tags, info)
     (decode_dir / "result.txt").write_text(result_text(res), encoding="utf-8")
     (decode_dir / "result.json").write_text(json.dumps(res, ensure_ascii=False, indent=2) + "\n",
                                             encoding="utf-8")
