@@ -34,6 +34,7 @@ import logging
 import time
 from array import array
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -113,18 +114,28 @@ def speed_key(key: str, factor: float) -> str:
     return key if factor == 1.0 else f"sp{factor:g}-{key}"
 
 
-def read_shard_lines(plan: SetPlan, shards: list[int]) -> dict[int, list[tuple[int, dict]]]:
-    """(line number, parsed line) of every utterance the given shards need, read in one pass."""
+def shard_lines(plan: SetPlan, shards: list[int]) -> Iterator[tuple[int, list[tuple[int, dict]]]]:
+    """(shard, its (line number, parsed line) list) of the given shards in ascending order, each as soon
+    as the one pass over the jsonl has read its last line: a shard's lines are a contiguous run, so only
+    the shard being read is held (and the next, where a line's speed copies straddle the boundary)."""
     n_factors, size = len(plan.factors), plan.shard_size
-    wanted = set(shards)
-    lines: dict[int, list[tuple[int, dict]]] = defaultdict(list)
+    wanted = sorted(set(shards))
+    want = set(wanted)
+    pending: dict[int, list[tuple[int, dict]]] = defaultdict(list)
     with open(plan.jsonl, encoding="utf-8") as f:
         for index, line in enumerate(f):
             first, last = index * n_factors // size, ((index + 1) * n_factors - 1) // size
-            for shard in range(first, last + 1):
-                if shard in wanted:
-                    lines[shard].append((index + 1, json.loads(line)))
-    return lines
+            while wanted and wanted[0] < first:  # every line of it has been read
+                want.discard(shard := wanted.pop(0))
+                yield shard, pending.pop(shard, [])
+            if not wanted:
+                return
+            if mine := [s for s in range(first, last + 1) if s in want]:
+                obj = json.loads(line)
+                for shard in mine:
+                    pending[shard].append((index + 1, obj))
+    for shard in wanted:
+        yield shard, pending.pop(shard, [])
 
 
 def feature_error(e: Exception, source: str) -> AudioError:
@@ -261,12 +272,11 @@ def compute_shards(plans: list[SetPlan], conf: FbankConf, rank: int, world_size:
         if not todo:
             continue
         (plan.out / "shards").mkdir(parents=True, exist_ok=True)
-        lines = read_shard_lines(plan, todo)
         total = sum(min((s + 1) * plan.shard_size, plan.n_jobs) - s * plan.shard_size for s in todo)
         progress = Progress(f"{plan.out}: rank {rank} fbank", total, logger=log)
         audio_s = compute_s = 0.0
-        for shard in todo:
-            summary = compute_shard(plan, shard, lines.pop(shard, []), extractor, strict, progress)
+        for shard, lines in shard_lines(plan, todo):
+            summary = compute_shard(plan, shard, lines, extractor, strict, progress)
             audio_s += summary["audio_s"]
             compute_s += summary["compute_s"]
         progress.close()

@@ -6,12 +6,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from funasr_recipe.dist.slicing import my_shards, shard_size_for
-from funasr_recipe.features.dump import plan_sets
+from funasr_recipe.features.dump import SetPlan, plan_sets, shard_lines
 from funasr_recipe.features.fbank_conf import FbankConf
 
 
@@ -56,3 +57,19 @@ def test_the_shards_of_a_small_set_depend_on_the_world_size_and_a_large_sets_do_
     one, two, four = plans(1), plans(2), plans(4)
     assert one["dev"] != two["dev"]  # 1 shard of 500, then 2 of 250: a rerun with other --nj redoes dev
     assert one["train"] == two["train"] == four["train"]  # 4000 jobs: shards of 1000 for up to 4 ranks
+
+
+@pytest.mark.parametrize("factors", [(1.0,), (0.9, 1.0, 1.1)])
+@pytest.mark.parametrize("size", [1, 2, 5, 7])
+def test_shard_lines_gives_each_shard_its_lines_in_one_pass(tmp_path: Path, factors: tuple,
+                                                             size: int) -> None:
+    jsonl = tmp_path / "data.jsonl"
+    jsonl.write_text("".join(json.dumps({"key": f"u{i}"}) + "\n" for i in range(23)))
+    plan = SetPlan("train", jsonl, tmp_path, 23, factors, size, "fp")
+    for shards in (list(range(plan.n_shards)), list(range(1, plan.n_shards, 3)), [plan.n_shards - 1]):
+        got = list(shard_lines(plan, shards))
+        assert [s for s, _ in got] == shards
+        for shard, lines in got:  # the lines one of whose jobs (line x speed) falls in the shard
+            jobs = range(shard * size, min((shard + 1) * size, plan.n_jobs))
+            expected = sorted({j // len(factors) for j in jobs})
+            assert [(n, obj["key"]) for n, obj in lines] == [(i + 1, f"u{i}") for i in expected]
