@@ -26,7 +26,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -34,7 +34,7 @@ from typing import Any
 
 from funasr_recipe.core.rejections import BadInputError, Rejection
 from funasr_recipe.families.registry import FAMILIES
-from funasr_recipe.features.dump import SetPlan, key_origins
+from funasr_recipe.features.dump import SetPlan, key_origins, speed_key
 
 log = logging.getLogger(__name__)
 
@@ -295,20 +295,34 @@ def reject_impossible_targets(plan: SetPlan, ctc: CtcFrames, encode: Callable[[s
 def write_raw_list(plan: SetPlan) -> Path:
     """<dump-dir>/<set>/raw.jsonl: the stage-0 lines of the utterances the merged set kept (its unperturbed
     copies: the same keys), each with the dump's normalised target, so that training on the audio
-    (``--feats-type raw``) sees the targets and the utterances training on features sees."""
-    kept: dict[str, tuple[str, int]] = {}
-    with open(plan.out / "data.jsonl", encoding="utf-8") as f:
-        for line in f:
-            obj = json.loads(line)
-            kept.setdefault(obj["key"], (obj["target"], obj["target_len"]))
+    (``--feats-type raw``) sees the targets and the utterances training on features sees.
+
+    One pass over each file, side by side: the dump lists its unperturbed copies in stage 0's order (the
+    shards are runs of stage-0 lines, rejections only take lines out), so nothing per utterance is held."""
+    copies = tuple(speed_key("", f) for f in plan.factors if f != 1.0)
+
+    def kept() -> Iterator[dict]:
+        with open(plan.out / "data.jsonl", encoding="utf-8") as f:
+            for line in f:
+                obj = json.loads(line)
+                # stage 1 writes "speed"; without it, the key says (sp<factor>-<key>).
+                if obj["speed"] == 1.0 if "speed" in obj else not obj["key"].startswith(copies):
+                    yield obj
+
+    dumped = kept()
+    want = next(dumped, None)
     out = plan.out / "raw.jsonl"
     tmp = out.with_name(out.name + ".tmp")
     with open(plan.jsonl, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as dst:
         for line in src:
             obj = json.loads(line)
-            if obj["key"] in kept:
-                obj["target"], obj["target_len"] = kept[obj["key"]]
+            if want is not None and obj["key"] == want["key"]:
+                obj["target"], obj["target_len"] = want["target"], want["target_len"]
                 dst.write(json.dumps(obj, ensure_ascii=False) + "\n")
+                want = next(dumped, None)
+    if want is not None:
+        raise ValueError(f"{plan.out / 'data.jsonl'}: utterance {want['key']} is not in {plan.jsonl} at its "
+                         "place in stage 0's order (the dump does not follow it); rerun stage 1")
     tmp.replace(out)
     return out
 

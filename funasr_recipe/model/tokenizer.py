@@ -47,6 +47,7 @@ from funasr_recipe.model.sensevoice_vocab import (
 log = logging.getLogger(__name__)
 
 PLAIN_KINDS = ("bpe", "unigram", "char", "word")
+ENCODE_SLICE = 1 << 14  # transcripts encoded at a time by the round-trip check
 KINDS = (*PLAIN_KINDS, "sensevoice")
 # The file names the runtimes look for: funasr-onnx's SenseVoiceSmall loads the sensevoice one from
 # the model dir by this exact name.
@@ -129,7 +130,9 @@ def _add_sensevoice_tags(model: bytes) -> bytes:
 def _report_round_trip(sp: spm.SentencePieceProcessor, texts: list[str]) -> None:
     # Counted, not fatal: a word vocabulary smaller than the corpus's words is a legitimate choice.
     # The keys are stage 1's to give: its target check lists each such utterance (features/targets.py).
-    bad = sum(sp.decode(ids) != t for t, ids in zip(texts, sp.encode(texts), strict=True))
+    # In slices: the ids of a whole corpus at once are a Python int per token.
+    slices = (texts[start : start + ENCODE_SLICE] for start in range(0, len(texts), ENCODE_SLICE))
+    bad = sum(sp.decode(ids) != t for part in slices for t, ids in zip(part, sp.encode(part), strict=True))
     if bad:
         log.warning("%d of %d normalised transcripts do not survive encode/decode (unknown characters or "
                     "words); stage 1 lists each, with its key, in <dump-dir>/<set>/untokenizable.tsv",

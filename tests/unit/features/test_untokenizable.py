@@ -134,3 +134,7 @@ def test_training_on_the_audio_gets_the_same_utterances_and_normalised_targets(
     assert [o["key"] for o in raw] == ["a-ok", "b-case", "c-unk", "e-char"]  # d-ok: rejected by stage 1
     assert [o["source"] for o in raw] == [f"/audio/{k}.wav" for k in ("a-ok", "b-case", "c-unk", "e-char")]
     assert raw[1]["target"] == "NINE ZERO" and raw[1]["target_len"] == 2
+    # Read side by side with stage 0's list: a dump out of its order is an error, never a shorter list.
+    (plan.out / "data.jsonl").write_text("".join(line + "\n" for line in reversed(dumped)), encoding="utf-8")
+    with pytest.raises(ValueError, match="at its place in stage 0's order"):
+        write_raw_list(plan)
