@@ -1,5 +1,6 @@
 """Stage 2 on CPU is reproducible: two 20-step trainings with the same seed (funasr's default, 0) log the
-same losses, every rank and every step, and end with the same weights bit for bit."""
+same losses, every rank and every step, and end with the same weights bit for bit; a third over funasr's
+own IndexDSJsonl in place of the configs' IndexDSJsonlMmap logs the same losses."""
 
 from __future__ import annotations
 
@@ -65,4 +66,12 @@ def test_twenty_steps_twice_give_the_same_losses(prepared: Path, lost) -> None:
     a, b = checkpoint(prepared / "exp_det_a"), checkpoint(prepared / "exp_det_b")
     assert len(a) > 72 and a.keys() == b.keys()
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
-    lost("nothing differs: 20 steps x 2 ranks of logged losses identical, every checkpoint tensor equal")
+    # The configs' mapped index (data/index_ds.py) trains on exactly what funasr's own index gives.
+    assert "IndexDSJsonlMmap: " in log
+    rc, log = train(prepared, "exp_det_funasr_index", overrides=("++train_conf.max_epoch=2",
+                                                                 "++dataset_conf.index_ds=IndexDSJsonl"))
+    assert rc == 0, log[-4000:]
+    assert "IndexDSJsonlMmap: " not in log
+    assert logged_losses(log) == first
+    lost("nothing differs: 20 steps x 2 ranks of logged losses identical, every checkpoint tensor equal, "
+         "and the same losses over funasr's own IndexDSJsonl")
