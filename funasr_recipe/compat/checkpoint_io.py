@@ -49,6 +49,7 @@ import torch.distributed as dist
 
 from funasr_recipe.compat.patching import replaced, wrap_method
 from funasr_recipe.core.rejections import BadInputError
+from funasr_recipe.model.checkpoint import client_state_file
 
 log = logging.getLogger(__name__)
 TMP, OLD = ".tmp.", ".old."
@@ -155,13 +156,9 @@ def recover(exp: Path) -> list[str]:
     return done
 
 
-def _state_file(checkpoint: Path) -> Path:
-    return checkpoint / "mp_rank_00_model_states.pt" if checkpoint.is_dir() else checkpoint
-
-
 def recorded_best(checkpoint: Path) -> str | None:
     """The ``best_step_or_epoch`` a checkpoint's own state names (a best copy names its source)."""
-    path = _state_file(checkpoint)
+    path = client_state_file(checkpoint)  # ZeRO-3: rank 0's model-states file
     try:
         # mmap: a ddp checkpoint file holds the optimizer state too, and one key is needed.
         state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)

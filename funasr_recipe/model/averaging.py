@@ -2,8 +2,9 @@
 validation set than the best checkpoint alone.
 
 Reads  <exp-dir>/model.pt (funasr's latest checkpoint: its ``saved_ckpts`` maps each kept checkpoint to
-       its validation loss) and the chosen checkpoints' fp32 weights (funasr_recipe/model/checkpoint.py,
-       each merged with its LoRA adapters first: funasr_recipe/model/adapters.py); for the check, the
+       its validation loss; under ZeRO-3 in rank 0's model-states file) and the chosen checkpoints' fp32
+       weights (funasr_recipe/model/checkpoint.py, from ZeRO-1/2/3 shards alike, each merged with its
+       LoRA adapters first: funasr_recipe/model/adapters.py); for the check, the
        validation set of <exp-dir>/config.yaml (funasr_recipe/model/validation_loss.py);
 writes <exp-dir>/model.pt.avg<k> (``average``: a plain fp32 state dict of the k checkpoints averaged),
        removes every other <exp-dir>/model.pt.avg<n>, and ``finalize`` writes the final model dir
@@ -45,7 +46,7 @@ import torch
 from funasr_recipe.core.files import write_atomic
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.model.adapters import finish_state_dict
-from funasr_recipe.model.checkpoint import fp32_state_dict, safe_load
+from funasr_recipe.model.checkpoint import client_state_file, fp32_state_dict, safe_load
 from funasr_recipe.model.defaults import LOSS_MARGIN
 from funasr_recipe.model.model_dir import make_model_dir
 from funasr_recipe.model.validation_loss import NoValidSet, ValidationLoss, ValidSet, valid_set
@@ -58,9 +59,9 @@ _AVERAGE = re.compile(r"model\.pt\.avg\d+")
 def validation_losses(exp_dir: Path) -> dict[str, float]:
     """Checkpoint name -> validation loss, as funasr's trainer recorded them in its latest checkpoint."""
     latest = exp_dir / "model.pt"
-    state_file = latest / "mp_rank_00_model_states.pt" if latest.is_dir() else latest
-    if not state_file.is_file():
-        raise FileNotFoundError(f"{state_file}: no latest checkpoint; has stage 2 finished an epoch?")
+    if not latest.exists():
+        raise FileNotFoundError(f"{latest}: no latest checkpoint; has stage 2 finished an epoch?")
+    state_file = client_state_file(latest)  # ZeRO-3 partitions it: rank 0's file
     state = safe_load(state_file)
     losses = state.get("saved_ckpts") or state.get("val_loss_step_or_epoch") or {}
     if state.get("avg_keep_nbest_models_type", "loss") != "loss":

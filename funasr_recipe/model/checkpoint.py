@@ -2,7 +2,12 @@
 funasr_recipe/model/averaging.py).
 
 Reads  checkpoints of <exp-dir>: DeepSpeed tag dirs (their fp32 master weights, through DeepSpeed's
-       zero_to_fp32) or state-dict files (the ddp engine); writes nothing.
+       zero_to_fp32, ZeRO-1/2/3 and offloaded alike) or state-dict files (the ddp engine); writes nothing.
+
+Where funasr's own record of a checkpoint (``saved_ckpts``, ``best_step_or_epoch``: its client state)
+lies, ``client_state_file``: DeepSpeed writes it into every model-states file of a tag dir, one
+``mp_rank_00_model_states.pt`` under ZeRO-1/2 and one ``zero_pp_rank_<r>_mp_rank_00_model_states.pt`` per
+rank under ZeRO-3, whose weights are partitioned too.
 
 Unpickling (the recipe's one account of ``torch.load``): a checkpoint is a pickle, and a pickle can run
 any code when it is loaded. Every load here, and so in local/average.py, local/make_model_dir.py and
@@ -97,6 +102,24 @@ def _weights_only_zero_to_fp32() -> Iterator[Any]:
             yield zero_to_fp32
     finally:
         zero_to_fp32.torch = real
+
+
+# DeepSpeed's names of the model-states file of a tag dir that holds rank 0's client state: ZeRO-1/2 (one
+# for all ranks), then ZeRO-3 (one per rank, each with the same client state).
+MODEL_STATES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+
+
+def client_state_file(checkpoint: Path) -> Path:
+    """The file of a checkpoint that holds funasr's client state: a state-dict file itself, or the
+    model-states file of a DeepSpeed tag dir (module docstring); FileNotFoundError naming both
+    DeepSpeed names when a tag dir has neither."""
+    if not checkpoint.is_dir():
+        return checkpoint
+    for name in MODEL_STATES:
+        if (checkpoint / name).is_file():
+            return checkpoint / name
+    raise FileNotFoundError(f"{checkpoint}: no {' or '.join(MODEL_STATES)}: not a complete DeepSpeed "
+                            "checkpoint")
 
 
 def fp32_state_dict(exp_dir: Path, checkpoint: str) -> dict[str, torch.Tensor]:

@@ -133,3 +133,25 @@ def test_a_truncated_checkpoint_is_named(tmp_path: Path, where: str, keep: int) 
     with pytest.raises(CorruptCheckpointError, match=rf"{path}: not a readable torch checkpoint"):
         fp32_state_dict(exp, "model.pt.ep1")
     assert main(["--exp-dir", str(exp), "--num", "2"]) == 2
+
+
+def test_a_zero3_run_is_read_from_rank_0s_model_states(tmp_path: Path) -> None:
+    """ZeRO-3 partitions the model states too: a tag dir holds no mp_rank_00_model_states.pt but one
+    zero_pp_rank_<r>_mp_rank_00_model_states.pt per rank, each with funasr's record (stage 3 stopped at
+    "no latest checkpoint" on such a run); checkpoint_io's check after a resume reads the same file."""
+    from funasr_recipe.compat.checkpoint_io import recorded_best
+
+    losses = {"model.pt.ep1": 2.0, "model.pt.ep2": 1.0}
+    write_run(tmp_path, losses)
+    (tmp_path / "model.pt").unlink()
+    (tmp_path / "model.pt").mkdir()
+    for rank in (0, 1):
+        torch.save({"module": None, "saved_ckpts": losses, "best_step_or_epoch": "model.pt.ep2"},
+                   tmp_path / "model.pt" / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
+    assert validation_losses(tmp_path) == losses
+    assert recorded_best(tmp_path / "model.pt") == "model.pt.ep2"
+    for rank in (0, 1):
+        (tmp_path / "model.pt" / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt").unlink()
+    with pytest.raises(FileNotFoundError, match=r"model.pt: no mp_rank_00_model_states.pt or "
+                                                r"zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        validation_losses(tmp_path)
