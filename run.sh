@@ -48,7 +48,7 @@ shard_size=1000         # utterances per feature shard: the unit of work and of 
 feats_type=fbank        # fbank: train on stage-1 features; raw: funasr decodes audio every epoch
 # -- Stage 2: training
 train_engine=deepspeed  # deepspeed (ZeRO, --ds-config) or ddp (torch DistributedDataParallel)
-ds_config=ds_configs/ds_stage1_bf16.json  # DeepSpeed JSON: ZeRO stage 1/2/3 in bf16, or stage 1 in fp16
+ds_config=ds_configs/ds_stage1_bf16.json  # DeepSpeed JSON: ZeRO stage 1/2/3 in bf16 (3 also offloaded to CPU memory), or stage 1 in fp16 (docs/zero_stages.md)
 pretrained_dir=         # local copy of the config's pretrained_model (empty: ModelScope cache or download)
 local_cache=            # node-local dir (NVMe, /dev/shm): each node copies the shards stage 2 reads there first (empty: reads dump/)
 grad_checkpoint=false   # true: recompute the encoder's activations in backward (less memory, slower steps)

@@ -2,8 +2,9 @@
 (funasr_recipe/model/trainer.py: classes registered, options as Hydra overrides; funasr_recipe/compat/:
 the pinned surface checked, then the CPU patch, the fused losses and the hooks for metrics, memory plan
 and OOM probe, activation checkpointing, the divergence guard (--max-bad-steps), freezing and LoRA,
-atomic checkpoints, installed in order by compat/install.py; funasr_recipe/train/: the list of
-utterances funasr would leave out, and the warmup-cosine schedule).
+atomic checkpoints, DeepSpeed's CPU Adam where the JSON offloads the optimizer, installed in order by
+compat/install.py; funasr_recipe/train/: the list of utterances funasr would leave out, and the
+warmup-cosine schedule).
 
 Reads  the model config, dump/<set>/data.jsonl (or dump/<set>/raw.jsonl with --feats-type raw),
        dump/<train>/am.lfr<m>x<n>.mvn and dump/tokenizer/<tag>/ for a from-scratch model;

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import math
 import os
@@ -37,6 +36,7 @@ from funasr_recipe.compat.patching import replace, wrap_method
 from funasr_recipe.train.collectives import CollectiveTimer
 from funasr_recipe.train.memory import GIB, advice, default_limit, largest_batches, model_states, probe
 from funasr_recipe.train.metrics import Exporter, StepMeter, alerts, log_line
+from funasr_recipe.train.zero import ZeroSettings, read_ds_config
 
 log = logging.getLogger(__name__)
 MEMORY_TARGET = 0.85  # the cluster guides' ceiling: above it fragmentation and a longer batch later fail
@@ -81,10 +81,7 @@ def _device(kwargs: dict) -> torch.device:
 
 def _deepspeed_conf(trainer) -> dict | None:
     """The DeepSpeed JSON the trainer will use, or None under DDP."""
-    if not trainer.use_deepspeed:
-        return None
-    with open(trainer.deepspeed_config, encoding="utf-8") as f:
-        return json.load(f)
+    return read_ds_config(trainer.deepspeed_config) if trainer.use_deepspeed else None
 
 
 def _autocast_dtype(ds_conf: dict | None) -> torch.dtype | None:
@@ -116,17 +113,26 @@ def _memory_plan_and_probe(trainer, model: torch.nn.Module, kwargs: dict, opts: 
     device = _device(kwargs)
     per = "GPU" if device.type == "cuda" else "process"
     ds_conf = _deepspeed_conf(trainer)
-    stage = None if ds_conf is None else int(ds_conf.get("zero_optimization", {}).get("stage", 0))
-    if stage is None:  # DDP: fp32 weights, gradients and Adam's two moments on every GPU
+    zero = None if ds_conf is None else ZeroSettings.of(ds_conf)
+    if zero is None:  # DDP: fp32 weights, gradients and Adam's two moments on every GPU
         params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         states, how = 16 * params, "16 bytes per parameter (no ZeRO)"
+        line = f"model states {states / GIB:.3f} GiB per {per}"
     else:
-        plan = model_states(model, stage, opts.nproc_per_node, opts.nnodes)
-        params, states, how = plan.params, plan.bytes_per_gpu, f"ZeRO-{stage}: {plan.how}"
+        plan = model_states(model, zero, opts.nproc_per_node, opts.nnodes)
+        params, states, how = plan.params, plan.bytes_per_gpu, f"{zero.describe()}: {plan.how}"
+        cpu = f"{plan.cpu_bytes_per_node / GIB:.3f} GiB of CPU memory per node"
+        line = f"model states {states / GIB:.3f} GiB per {per}, {cpu}"
+        if device.type == "cpu" and (zero.offload_optimizer or zero.offload_param):
+            # On CPU the offloaded states stay in the process: the probe counts them as kept.
+            kept = model_states(model, ZeroSettings(zero.stage), opts.nproc_per_node, opts.nnodes)
+            states = kept.bytes_per_gpu
+            line = (f"model states {plan.bytes_per_gpu / GIB:.3f} GiB per GPU, {cpu}; on CPU, where "
+                    f"offloading moves nothing, {states / GIB:.3f} GiB per process")
     limit = (int(opts.memory_limit_gib * GIB) if opts.memory_limit_gib
              else default_limit(device, opts.nproc_per_node))
-    log.info("memory plan: %.2f M trainable parameters; model states %.3f GiB per %s (%s); limit %.2f GiB",
-             params / 1e6, states / GIB, per, how, limit / GIB)
+    log.info("memory plan: %.2f M trainable parameters; %s (%s); limit %.2f GiB", params / 1e6, line, how,
+             limit / GIB)
     if not opts.oom_probe:
         return
     model.to(device)

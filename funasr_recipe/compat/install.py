@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from funasr_recipe.compat import checkpoint_io, cpu, finetune, fused_losses, hooks, preemption
+from funasr_recipe.compat import checkpoint_io, cpu, finetune, fused_losses, hooks, offload, preemption
 from funasr_recipe.compat.finetune import FinetuneOptions
 from funasr_recipe.compat.hooks import HookOptions
 from funasr_recipe.compat.pins import PINS, surface_differences
@@ -52,6 +52,7 @@ def install(hook_options: HookOptions, tuning: FinetuneOptions, fused: bool = Tr
     hooks.install(hook_options)  # the divergence guard last within it: its wrappers run outside the others
     finetune.install(tuning)  # after hooks.install: its warp_model hook runs first
     checkpoint_io.install()
+    offload.install()  # DeepSpeed's CPU Adam for funasr's optimizer where the JSON offloads it
     # Last: its update wrapper runs outermost, after the divergence guard has decided about the step.
     preemption.install()
 

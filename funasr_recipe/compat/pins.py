@@ -31,7 +31,8 @@ _TRAINER = "funasr.train_utils.trainer_ds.Trainer"
 # entry is used and every patch is declared.
 SURFACE: dict[str, str] = {
     # compat/hooks.py, compat/divergence.py, compat/finetune.py, compat/cpu.py (warp_model),
-    # compat/preemption.py (warp_optim_scheduler, update_step, save_checkpoint)
+    # compat/preemption.py and compat/offload.py (warp_optim_scheduler), compat/preemption.py (update_step,
+    # save_checkpoint)
     f"{_TRAINER}.warp_model": "(self, model, **kwargs)",
     f"{_TRAINER}.warp_optim_scheduler": "(self, model, **kwargs)",
     f"{_TRAINER}.train_epoch": "(self, model=None, optim=None, scheduler=None, scaler=None, "
@@ -73,6 +74,8 @@ SURFACE: dict[str, str] = {
     "torch.distributed.reduce_scatter_tensor": "(output, input, op=<RedOpType.SUM: 0>, group=None, "
                                                "async_op=False)",
     "torch.distributed.all_gather_into_tensor": "(output_tensor, input_tensor, group=None, async_op=False)",
+    # compat/offload.py, for the length of warp_optim_scheduler under an offloaded optimizer
+    "funasr.optimizers.optim_classes": "<dict>",
     # model/checkpoint.py, for the length of a read (see BELOW_COMPAT)
     "deepspeed.utils.zero_to_fp32.torch": MODULE,
 }

@@ -1,11 +1,12 @@
-"""Memory planning before the first step: DeepSpeed's estimate of the model states per GPU for the ZeRO
-stage in use, and an out-of-memory probe that runs the largest batches of this rank's first epoch once,
-forward and backward, so that a batch that does not fit fails in seconds, not hours into training.
+"""Memory planning before the first step: DeepSpeed's estimate of the model states per GPU (and of the
+CPU memory per node) for the ZeRO stage and offload in use, and an out-of-memory probe that runs the
+largest batches of this rank's first epoch once, forward and backward, so that a batch that does not fit
+fails in seconds, not hours into training.
 
 Reads this rank's batches of epoch 0 (the real sampler and dataset); writes nothing (log lines). The
 probe's weights stay as they were: gradients are dropped, no optimizer step is taken.
 
-  plan = model_states(model, zero_stage=1, nproc_per_node=8, nnodes=2)
+  plan = model_states(model, ZeroSettings(stage=3, offload_optimizer=True), nproc_per_node=8, nnodes=2)
   result = probe(model, largest_batches(dataloader), forward, device, limit_bytes)
 """
 
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from funasr_recipe.train.zero import ZeroSettings
+
 log = logging.getLogger(__name__)
 GIB = 1024 ** 3
 
@@ -29,28 +32,34 @@ class ModelStates:
     params: int
     bytes_per_gpu: int   # parameters, gradients and optimizer states on each GPU
     how: str
+    cpu_bytes_per_node: int = 0  # DeepSpeed's "per CPU": host memory of one node, offloaded states included
 
 
-def model_states(model: torch.nn.Module, zero_stage: int, nproc_per_node: int, nnodes: int) -> ModelStates:
-    """DeepSpeed's own estimator for the model states of one GPU (no offload). ZeRO-1 has none of its
-    own: it is ZeRO-2's figure plus the 16-bit gradients ZeRO-1 keeps whole on every GPU."""
+def model_states(model: torch.nn.Module, zero: ZeroSettings, nproc_per_node: int, nnodes: int) -> ModelStates:
+    """DeepSpeed's own estimators for the model states of one GPU and of one node's CPU memory, with the
+    offload ``zero`` asks for. ZeRO-1 has none of its own: it is ZeRO-2's figure plus the 16-bit gradients
+    ZeRO-1 keeps whole on every GPU. ``zero_init`` is off: funasr builds the whole model on every rank
+    before DeepSpeed partitions it (its CPU figure counts that)."""
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
     params = sum({p.data_ptr(): p.numel() for p in model.parameters() if p.requires_grad}.values())
     gpus = nproc_per_node * nnodes
-    if zero_stage == 3:
+    offload = zero.offload_optimizer
+    if zero.stage == 3:
         largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
                       default=0)
-        _, gpu, _ = estimate_zero3_model_states_mem_needs(params, largest, nproc_per_node, nnodes,
-                                                          cpu_offload=False, cpu_offload_params=False)
-        return ModelStates(params, gpu, "deepspeed estimate_zero3_model_states_mem_needs")
-    _, gpu = estimate_zero2_model_states_mem_needs(params, nproc_per_node, nnodes, cpu_offload=False)
-    if zero_stage <= 1:
+        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(params, largest, nproc_per_node, nnodes,
+                                                            cpu_offload=offload,
+                                                            cpu_offload_params=offload and zero.offload_param,
+                                                            zero_init=False)
+        return ModelStates(params, gpu, "deepspeed estimate_zero3_model_states_mem_needs", cpu)
+    cpu, gpu = estimate_zero2_model_states_mem_needs(params, nproc_per_node, nnodes, cpu_offload=offload)
+    if zero.stage <= 1:
         gpu += int(2 * params * (1 - 1 / gpus))
         return ModelStates(params, gpu, "deepspeed estimate_zero2_model_states_mem_needs + unpartitioned "
-                                        "16-bit gradients (ZeRO-1)")
-    return ModelStates(params, gpu, "deepspeed estimate_zero2_model_states_mem_needs")
+                                        "16-bit gradients (ZeRO-1)", cpu)
+    return ModelStates(params, gpu, "deepspeed estimate_zero2_model_states_mem_needs", cpu)
 
 
 @dataclass(frozen=True)
@@ -177,6 +186,8 @@ def advice(batch_size: int, fits: float | None) -> str:
     suggested = max(1, int(batch_size * 0.9 * fits)) if fits else batch_size // 2
     return (f"lower ++dataset_conf.batch_size (now {batch_size}; about {suggested} would fit) and raise "
             "++train_conf.accum_grad to keep the effective batch; or partition the gradients too with "
-            "ZeRO-2 (--ds-config ds_configs/ds_stage2_bf16.json); or --grad-checkpoint true to recompute "
+            "ZeRO-2 (--ds-config ds_configs/ds_stage2_bf16.json), the weights too with ZeRO-3 "
+            "(ds_stage3_bf16.json), or move them to CPU memory (ds_stage3_offload_bf16.json; "
+            "docs/zero_stages.md); or --grad-checkpoint true to recompute "
             "the encoder's activations in backward instead of keeping them; or drop the longest "
             "utterances (++dataset_conf.max_token_length)")

@@ -94,7 +94,7 @@ import json, sys
 from pathlib import Path
 import torch
 from deepspeed.runtime.engine import DeepSpeedEngine
-from funasr_recipe.compat import checkpoint_io, cpu, pins
+from funasr_recipe.compat import checkpoint_io, cpu, offload, pins
 from funasr_recipe.compat.finetune import FinetuneOptions
 from funasr_recipe.compat.hooks import HookOptions
 from funasr_recipe.compat.install import install
@@ -102,7 +102,8 @@ from funasr_recipe.compat.install import install
 exp = Path(sys.argv[1])
 install(HookOptions(metrics_port=0, grad_checkpoint=True, oom_probe=True, memory_limit_gib=None,
                     nproc_per_node=1, nnodes=1, max_bad_steps=10), FinetuneOptions((), None, exp), fused=True)
-# The patches that last one call: a step under CPU autocast, a DeepSpeed checkpoint's save.
+# The patches that last one call: a step under CPU autocast, a DeepSpeed checkpoint's save, the
+# optimizer table under offload.
 with cpu.cpu_autocast(torch.bfloat16):
     pass
 engine = object.__new__(DeepSpeedEngine)
@@ -110,6 +111,8 @@ torch.nn.Module.__init__(engine)
 with checkpoint_io._Writer(exp, 0, 0, True, None).patched(engine, True):
     pass
 assert "save_checkpoint" not in vars(engine) and torch.save is pins.original("torch.save")
+with offload.cpu_optimizer("adamw"):
+    pass
 print(json.dumps({"patched": sorted(pins.replaced_targets()), "after": pins.surface_differences()}))
 """
 

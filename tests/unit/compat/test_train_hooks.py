@@ -22,6 +22,7 @@ from funasr_recipe.reports.curves import parse_log
 from funasr_recipe.train.collectives import CollectiveTimer
 from funasr_recipe.train.memory import advice, largest_batches, model_states
 from funasr_recipe.train.metrics import PREFIX, Exporter, StepMeter, log_line, served_metric_names
+from funasr_recipe.train.zero import ZeroSettings
 from tests.helpers.run_sh import ROOT, run_sh
 from tests.helpers.train_fixtures import FAST, dirs, free_port
 
@@ -178,13 +179,15 @@ def test_largest_batches_and_advice() -> None:
 def test_model_states_follow_deepspeeds_estimators() -> None:
     model = torch.nn.Sequential(*[torch.nn.Linear(500, 500) for _ in range(8)])
     p = 8 * 250_500
-    z2 = model_states(model, zero_stage=2, nproc_per_node=4, nnodes=2)
+    z2 = model_states(model, ZeroSettings(2), nproc_per_node=4, nnodes=2)
     assert z2.params == p and z2.bytes_per_gpu == 2 * p + int(18 * p / 8)
-    z1 = model_states(model, zero_stage=1, nproc_per_node=4, nnodes=2)
+    z1 = model_states(model, ZeroSettings(1), nproc_per_node=4, nnodes=2)
     assert z1.bytes_per_gpu == z2.bytes_per_gpu + int(2 * p * (1 - 1 / 8))
     # ZeRO-3 holds one gathered layer whole (4 bytes per parameter) instead of all 16-bit weights.
-    zero3 = model_states(model, zero_stage=3, nproc_per_node=4, nnodes=2)
+    zero3 = model_states(model, ZeroSettings(3), nproc_per_node=4, nnodes=2)
     assert zero3.bytes_per_gpu == 4 * 250_500 + int(18 * p / 8)
+    # ... and with everything offloaded, only that layer (tests/unit/train/test_zero.py: every row).
+    assert model_states(model, ZeroSettings(3, True, True), 4, 2).bytes_per_gpu == 4 * 250_500
 
 
 def test_collective_timer_times_gloo_all_reduce() -> None:
