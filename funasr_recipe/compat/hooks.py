@@ -3,7 +3,8 @@ once per rank before ``train_ds.main_hydra`` runs: funasr has no callback API, s
 Trainer method and calls the original unchanged.
 
 - ``warp_model`` (the model is built, not yet wrapped by DeepSpeed/DDP): activation checkpointing, the
-  memory plan, and the out-of-memory probe on this rank's largest batches of epoch 0.
+  memory plan, and the out-of-memory probe on this rank's largest batches of epoch 0; after the first
+  ``update_step``, what DeepSpeed's states measure on rank 0.
 - ``train_epoch``: the schedule learns the run's length (``set_total_steps``), the metrics endpoint starts.
 - ``forward_step``/``update_step``/``log``: utterances and frames, data wait, gradient norm, loss and
   learning rate into the metrics; ``validate_epoch``: validation loss, and the schedule's restarts.
@@ -34,7 +35,15 @@ import torch
 from funasr_recipe.compat import divergence
 from funasr_recipe.compat.patching import replace, wrap_method
 from funasr_recipe.train.collectives import CollectiveTimer
-from funasr_recipe.train.memory import GIB, advice, default_limit, largest_batches, model_states, probe
+from funasr_recipe.train.memory import (
+    GIB,
+    advice,
+    default_limit,
+    held_tensor_bytes,
+    largest_batches,
+    model_states,
+    probe,
+)
 from funasr_recipe.train.metrics import Exporter, StepMeter, alerts, log_line
 from funasr_recipe.train.zero import ZeroSettings, read_ds_config
 
@@ -68,6 +77,7 @@ class _State:
     started: bool = False
     log_interval: int = 1
     alerted: dict[str, float] = field(default_factory=dict)
+    measured: bool = False  # the model states DeepSpeed holds, logged after the first step
 
 
 _state: _State | None = None
@@ -175,6 +185,15 @@ def _memory_plan_and_probe(trainer, model: torch.nn.Module, kwargs: dict, opts: 
                         what, 100 * need / limit, 100 * MEMORY_TARGET)
 
 
+def _log_held_states(engine) -> None:
+    """What the engine's module and optimizer hold (train/memory.py ``held_tensor_bytes``), beside the
+    memory plan's estimate: the plan's figure measured."""
+    held = held_tensor_bytes(engine.module, getattr(engine, "optimizer", None))
+    where = ", ".join(f"{size / GIB:.3f} GiB on {device}" for device, size in sorted(held.items()))
+    log.info("model states after the first step: %s (measured: the weights, gradients and optimizer states "
+             "DeepSpeed holds in this process)", where or "none")
+
+
 def _grad_norm(model) -> float:
     if hasattr(model, "get_global_grad_norm"):  # DeepSpeed computed it for clipping
         value = model.get_global_grad_norm()
@@ -270,6 +289,9 @@ def install(opts: HookOptions) -> None:
         out = original(self, model, optim, scheduler, scaler, loss_dict=loss_dict)
         if logged and self.use_deepspeed:
             state.meter.grad_norm = _grad_norm(model)
+        if not state.measured and self.use_deepspeed and self.rank == 0:
+            state.measured = True  # once: the states are whole (every buffer made) after the first step
+            _log_held_states(model)
         return out
 
     @wrap("log")

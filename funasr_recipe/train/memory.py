@@ -191,3 +191,39 @@ def advice(batch_size: int, fits: float | None) -> str:
             "docs/zero_stages.md); or --grad-checkpoint true to recompute "
             "the encoder's activations in backward instead of keeping them; or drop the longest "
             "utterances (++dataset_conf.max_token_length)")
+
+
+def held_tensor_bytes(*roots: object, depth: int = 8) -> dict[str, int]:
+    """Bytes of the distinct tensor storages reachable from ``roots`` (through attributes, lists, tuples,
+    dicts and sets, a tensor's own attributes too: ZeRO-3 keeps a parameter's partition in
+    ``param.ds_tensor``), by device type. For the model states a DeepSpeed engine holds after a step:
+    ``held_tensor_bytes(engine.module, engine.optimizer)`` (16-bit weights and gradients, fp32 masters,
+    Adam's moments, whatever the stage partitioned or offloaded); views of one flat buffer count once."""
+    seen: set[int] = set()
+    storages: dict[tuple[str, int], int] = {}
+    stack: list[tuple[object, int]] = [(r, 0) for r in roots]
+    while stack:
+        obj, level = stack.pop()
+        if id(obj) in seen or level > depth or isinstance(obj, str | bytes | int | float | type):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            if obj.device.type != "meta":  # a placeholder (a shape, no memory): what funasr's copies hold
+                storage = obj.untyped_storage()
+                storages[(obj.device.type, storage.data_ptr())] = storage.nbytes()
+            if obj.grad is not None:
+                stack.append((obj.grad, level + 1))
+        if isinstance(obj, torch.nn.Module):
+            stack += [(t, level + 1) for t in (*obj.parameters(), *obj.buffers())]
+            continue
+        if isinstance(obj, dict):
+            children = [*obj.keys(), *obj.values()]
+        elif isinstance(obj, list | tuple | set | frozenset):
+            children = list(obj)
+        else:
+            children = list(getattr(obj, "__dict__", {}).values())
+        stack += [(c, level + 1) for c in children]
+    out: dict[str, int] = {}
+    for (device, _), size in storages.items():
+        out[device] = out.get(device, 0) + size
+    return out

@@ -87,3 +87,22 @@ def test_offloaded_adamw_keeps_torchs_defaults_and_refuses_what_cpu_adam_lacks()
     with pytest.raises(BadInputError, match="optim_conf foreach: DeepSpeed's CPU Adam, which runs adamw"):
         cpu_adam_factory("adamw")([torch.nn.Parameter(torch.zeros(2))], lr=0.1, foreach=True)
     assert set(SETTINGS) <= set(defaults)
+
+
+def test_held_states_count_each_storage_once_wherever_it_is_referenced() -> None:
+    from funasr_recipe.train.memory import held_tensor_bytes
+
+    model = torch.nn.Sequential(torch.nn.Linear(100, 100), torch.nn.Linear(100, 10))
+    optim = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 100)).sum().backward()
+    optim.step()
+    weights = 4 * sum(p.numel() for p in model.parameters())
+    # weights, gradients, Adam's two moments, and its step counters (4 bytes per parameter tensor)
+    assert held_tensor_bytes(model, optim) == {"cpu": 4 * weights + 4 * 4}
+    flat = torch.zeros(1000)
+    # A flat buffer and its views (DeepSpeed's partitions), and a tensor's own attribute (ZeRO-3's
+    # ds_tensor), each counted once.
+    param = torch.nn.Parameter(torch.zeros(0))
+    param.ds_tensor = flat[500:]
+    held = held_tensor_bytes({"views": [flat[:500], flat[500:]], "param": param, "again": flat})
+    assert held == {"cpu": 4000}
