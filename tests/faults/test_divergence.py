@@ -9,7 +9,6 @@ import json
 import math
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from funasr_recipe.compat.divergence import (
 )
 from funasr_recipe.model.checkpoint import deepspeed_safe_globals, safe_load
 from funasr_recipe.reports.curves import parse_log
-from tests.helpers.run_sh import CLEAN_ENV, ROOT
+from tests.helpers.run_sh import CLEAN_ENV, ROOT, venv_python
 from tests.helpers.train_fixtures import free_port
 
 # 10 steps an epoch per rank on the 1200 training utterances of the prepared digits (3000 frames a batch).
@@ -38,7 +37,7 @@ def train(prepared: Path, exp: str, *options: str, overrides: tuple[str, ...] = 
     """Stage 2's program under torchrun on 2 CPU ranks, as run.sh starts it, without its preflight and
     plots; (exit status, the log of both ranks)."""
     data = ["--data-dir", str(prepared / "data"), "--dump-dir", str(prepared / "dump")]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    cmd = [venv_python(), "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(free_port()), "-m", "local.train", "--config", "conf/tiny_sensevoice.yaml",
            "--exp-dir", str(prepared / exp), *data, "--train-set", "train", "--valid-set", "dev",
            "--oom-probe", "false", *options, "--", *TINY, *overrides]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,3 +22,11 @@ def run_sh(*args: str, env: dict | None = None, timeout: float = 300) -> subproc
 
 def dirs(tmp: Path) -> list[str]:
     return ["--data-dir", str(tmp / "data"), "--exp-dir", str(tmp / "exp")]
+
+
+def venv_python() -> str:
+    """The interpreter under the venv's real path, as path.sh's activate script runs it for run.sh: DeepSpeed
+    JIT-builds its ops with the include paths of the interpreter's prefix, and two paths of one venv (the
+    .venv link and its target) rebuild them each time they alternate (minutes for offload's CPU Adam)."""
+    real = Path(sys.prefix).resolve() / "bin" / "python"
+    return str(real) if sys.prefix != sys.base_prefix and real.is_file() else sys.executable
