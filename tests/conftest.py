@@ -24,11 +24,12 @@ from tests.helpers.data16k import data16k  # noqa: F401  (module fixture: 8 digi
 from tests.helpers.model_dirs import data_jsonl  # noqa: F401  (module fixture: 20 bundled digit clips)
 from tests.helpers.stage1_data import corpus, dumped  # noqa: F401  (session fixtures: real sets and their stage 1)
 from tests.helpers.train_fixtures import finetuned, prepared, trained  # noqa: F401  (session: stages 0-2 runs)
+from tests.helpers.zero_runs import zero_runs  # noqa: F401  (session: a training run per DeepSpeed config)
 
 HERE = Path(__file__).parent
 SLOW_DIRS = (HERE / "e2e", HERE / "faults")
 # Session fixtures that run run.sh (stages 0-1, a training, a fine-tune) or serve its trained model.
-SLOW_FIXTURES = frozenset({"prepared", "trained", "finetuned", "serving", "served"})
+SLOW_FIXTURES = frozenset({"prepared", "trained", "finetuned", "serving", "served", "zero_runs"})
 # What a fast test may not start: the recipe's stages and training.
 HEAVY_COMMANDS = ("run.sh", "torchrun", "local.train", "torch.distributed.run")
 _FAST_FAILED: list[str] = []

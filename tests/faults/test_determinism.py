@@ -12,6 +12,10 @@ import torch
 
 from funasr_recipe.model.checkpoint import deepspeed_safe_globals, safe_load
 from tests.faults.test_divergence import train
+from tests.helpers.run_sh import ROOT
+from tests.helpers.zero_runs import EPOCHS, extensions_env
+
+ZERO1 = "ds_stage1_bf16"
 
 # funasr's train line of each step and rank, e.g. "train, rank: 1, ... total step: 7, (loss_avg_rank:
 # 84.164), (loss_avg_slice: 80.197), ... [('loss_ctc', 76.326), ('loss_rich', 7.839), ...]"; and the
@@ -50,20 +54,20 @@ def checkpoint(exp: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.fault_slow
 @pytest.mark.fault("the same seed twice: the first 20 steps on CPU")
-def test_twenty_steps_twice_give_the_same_losses(prepared: Path, lost) -> None:
-    runs = []
-    for exp in ("exp_det_a", "exp_det_b"):
-        # 2 epochs of 10 steps per rank (the validation and checkpoint between them are part of the run).
-        rc, log = train(prepared, exp, overrides=("++train_conf.max_epoch=2",))
-        assert rc == 0, log[-4000:]
-        runs.append(logged_losses(log))
-    first, second = runs
+def test_twenty_steps_twice_give_the_same_losses(prepared: Path, zero_runs, lost) -> None:
+    # 2 epochs of 10 steps per rank (the validation and checkpoint between them are part of the run). The
+    # first run is the session's ZeRO-1 run, which the ZeRO tests compare the other stages with.
+    first_run = zero_runs(ZERO1)
+    rc, log = train(prepared, "exp_det_b", "--ds-config", str(ROOT / "ds_configs" / f"{ZERO1}.json"),
+                    overrides=EPOCHS, env=extensions_env())
+    assert rc == 0, log[-4000:]
+    first, second = logged_losses(first_run.first), logged_losses(log)
     assert sorted((int(r), int(s)) for r, s, *_ in first["train"]) == [(r, s) for r in (0, 1)
                                                                        for s in range(1, 21)]
     assert [int(s) for s, _ in first["metrics"]] == list(range(1, 21)) and len(first["valid"]) >= 4
     for kind in first:
         assert first[kind] == second[kind], kind
-    a, b = checkpoint(prepared / "exp_det_a"), checkpoint(prepared / "exp_det_b")
+    a, b = checkpoint(first_run.exp), checkpoint(prepared / "exp_det_b")
     assert len(a) > 72 and a.keys() == b.keys()
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
     # The configs' mapped index (data/index_ds.py) trains on exactly what funasr's own index gives.
