@@ -1,8 +1,11 @@
 """The fine-tuning safeguards through run.sh, stages 0-4, on the tiny model the session trains.
 
 One run from ``trained``'s final model dir with all of them at once: a replay dir, a pseudo-label dir
-(audio only), LoRA adapters and a regression dir; then stage 3 again with a regression dir in a language
-the model does not know. Reads the bundled digits; writes under the session's ``prepared`` dir.
+(audio only), LoRA adapters and a regression dir, trained with ZeRO-3 with the optimizer and the weights
+offloaded to CPU memory (ds_stage3_offload_bf16.json: stage 3 merges LoRA into weights gathered from
+partitions, and exports them; the session's ``trained`` run covers ZeRO-1); then stage 3 again with a
+regression dir in a language the model does not know. Reads the bundled digits; writes under the
+session's ``prepared`` dir.
 
   .venv/bin/python -m pytest tests/e2e/test_finetune_e2e.py -q
 """
@@ -43,6 +46,7 @@ def safeguarded(prepared: Path, trained: Path) -> tuple[Path, Path, str]:
                  str(prepared / "kaldi"), "--pretrained-dir", str(trained / "final"),
                  "--replay-dir", str(rep), "--replay-ratio", "0.5",
                  "--pseudo-label-dir", str(pl), "--pseudo-min-logprob", "-5", "--adapter", "lora",
+                 "--ds-config", "ds_configs/ds_stage3_offload_bf16.json",
                  "--lora-rank", "4", "--regression-dir", str(reg), "--max-regression", "100",
                  *dirs(root, "exp", "dump"), "--data-dir", str(root / "data"), "--",
                  "++train_conf.max_epoch=1", "++dataset_conf.num_workers=1", *FAST, timeout=1200)
@@ -70,6 +74,9 @@ def test_lora_is_merged_into_the_base_graph(safeguarded: tuple[Path, Path, str])
     assert tuned.keys() == base.keys()
     changed = [k for k in base if not torch.equal(base[k], tuned[k])]
     assert changed and all(k.startswith("encoder.") for k in changed)  # only adapted layers moved
+    # ... from ZeRO-3's partitions, each rank's optimizer (DeepSpeed's CPU Adam) in CPU memory
+    assert "(ZeRO-3, optimizer and parameters offloaded: " in (root / "exp" / "train.log").read_text()
+    assert (root / "exp" / "model.pt" / "zero_pp_rank_1_mp_rank_00_model_states.pt").is_file()
     assert (root / "exp" / "export" / ".done").is_file()  # ONNX export and parity of the merged model
 
 
