@@ -78,6 +78,14 @@ if ${force} || [ ! -f "${venv}/.complete" ]; then
   "${venv}/bin/python" -m pip install -q -r requirements.txt -c constraints.txt
   "${venv}/bin/python" -c "import torch, torchaudio, funasr, deepspeed, soundfile, hydra" \
     || { log "the new venv does not import the core packages"; exit 1; }
+  # NOTE: on a CPU host DeepSpeed JIT-builds its shared-memory comm op at the first training and cpu_adam at
+  # the first offload run (1-5 minutes with g++): built once here, into the venv's folder that path.sh
+  # names, not inside a user's first run or a timed test. A failure only defers the build to first use.
+  log "building DeepSpeed's CPU ops into ${venv}/torch_extensions"
+  PATH="${venv}/bin:${PATH}" DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR="${venv}/torch_extensions" "${venv}/bin/python" -c \
+    "from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, ShareMemCommBuilder
+for b in (ShareMemCommBuilder(), CPUAdamBuilder()): b.load()" >/dev/null 2>&1 \
+    || log "WARNING: DeepSpeed's CPU ops did not build now; the first training builds them (needs g++)"
   date > "${venv}/.complete"
 else
   log "venv ${venv} is complete; reusing it"
