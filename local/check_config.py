@@ -261,6 +261,29 @@ def check_ds_config(path: Path) -> None:
                             f"stages are {', '.join(map(str, ZERO_STAGES))}")
 
 
+# funasr's trainer reads these train_conf keys on its DDP path only; under DeepSpeed the engine takes them
+# from its JSON (key, DeepSpeed's default), so a train_conf value that differs would be read by nobody.
+DEEPSPEED_OWNED = {"accum_grad": ("gradient_accumulation_steps", 1), "grad_clip": ("gradient_clipping", 0.0)}
+
+
+def check_engine_keys(path: Path, cfg: dict) -> None:
+    """BadInputError for a train_conf setting that DeepSpeed would silently not apply: one whose value is
+    not the --ds-config JSON's."""
+    try:
+        conf = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # check_ds_config names what is wrong with the file
+    train = cfg.get("train_conf") or {}
+    if not isinstance(conf, dict) or not isinstance(train, dict):
+        return
+    for key, (ds_key, default) in DEEPSPEED_OWNED.items():
+        ours, theirs = train.get(key), conf.get(ds_key, default)
+        if isinstance(ours, int | float) and float(ours) != float(theirs):
+            raise BadInputError(f"train_conf.{key}={ours}: under DeepSpeed funasr's trainer does not read "
+                                f"it, {path}'s {ds_key} ({theirs}) decides: set it there, or train with "
+                                "--train-engine ddp")
+
+
 def check_cmvn(path: Path, cfg: dict, scan: Scan) -> None:
     """BadInputError for an am.mvn that is malformed (features/cmvn.read_am_mvn) or whose dimension is not
     config ``cfg``'s frontend's n_mels x lfr_m (stage 1's am.lfr<m>x<n>.mvn of another LFR setting, which
@@ -302,7 +325,9 @@ def problems_of(args: argparse.Namespace, overrides: list[str]) -> list[str]:
     problems = check_overrides(overrides, ours, merged, str(args.config), scan)
     # The recipe's own keys, whose values stage 1 would refuse only once it starts.
     checks = [(feats_storage, (OmegaConf.create(with_overrides(ours, overrides)),))]
-    checks += [(check_ds_config, (args.ds_config,))] if args.ds_config else []
+    if args.ds_config:
+        checks += [(check_ds_config, (args.ds_config,)),
+                   (check_engine_keys, (args.ds_config, with_overrides(merged, overrides)))]
     checks += [(check_cmvn, (path, with_overrides(merged, overrides), scan)) for path in args.cmvn]
     for check, check_args in checks:
         try:

@@ -184,8 +184,9 @@ def advice(batch_size: int, fits: float | None) -> str:
     """What to change when the largest batch does not fit; ``fits``: the fraction of the batch's own
     memory that the limit leaves room for (None: unknown, as after an out-of-memory error)."""
     suggested = max(1, int(batch_size * 0.9 * fits)) if fits else batch_size // 2
-    return (f"lower ++dataset_conf.batch_size (now {batch_size}; about {suggested} would fit) and raise "
-            "++train_conf.accum_grad to keep the effective batch; or partition the gradients too with "
+    return (f"lower ++dataset_conf.batch_size (now {batch_size}; about {suggested} would fit) and raise the "
+            "accumulation to keep the effective batch (gradient_accumulation_steps in the DeepSpeed JSON, "
+            "++train_conf.accum_grad with --train-engine ddp); or partition the gradients too with "
             "ZeRO-2 (--ds-config ds_configs/ds_stage2_bf16.json), the weights too with ZeRO-3 "
             "(ds_stage3_bf16.json), or move them to CPU memory (ds_stage3_offload_bf16.json; "
             "docs/zero_stages.md); or --grad-checkpoint true to recompute "

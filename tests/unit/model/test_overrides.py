@@ -271,3 +271,22 @@ def test_the_check_is_fast_and_imports_neither_torch_nor_funasr(tmp_path: Path) 
     elapsed = time.monotonic() - start
     assert cached.stdout.split() == ["0", "False", "False"], cached.stderr
     assert elapsed < 2.0, f"the check took {elapsed:.2f} s"
+
+
+def test_a_train_conf_key_deepspeed_ignores_must_agree_with_its_json(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under DeepSpeed, funasr's trainer leaves accumulation and clipping to the engine, which reads them
+    from its JSON: an override of train_conf.accum_grad or grad_clip alone would be read by nobody."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    shipped = ROOT / "ds_configs" / "ds_stage1_bf16.json"
+    assert main(["--config", str(TINY), "--ds-config", str(shipped)]) == 0  # the shipped pairs agree
+    assert main(["--config", str(TINY), "--ds-config", str(shipped), "--", "++train_conf.accum_grad=4",
+                 "++train_conf.grad_clip=1.0"]) == 2
+    lines = [line.split("] ", 2)[-1] for line in capsys.readouterr().err.splitlines()]
+    assert any(line.startswith("train_conf.accum_grad=4: under DeepSpeed funasr's trainer does not read it")
+               and "gradient_accumulation_steps (1) decides" in line for line in lines), lines
+    accumulating = tmp_path / "ds.json"
+    accumulating.write_text(json.dumps({**json.loads(shipped.read_text()), "gradient_accumulation_steps": 4}))
+    assert main(["--config", str(TINY), "--ds-config", str(accumulating), "--",
+                 "++train_conf.accum_grad=4"]) == 0
