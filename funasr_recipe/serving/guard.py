@@ -89,12 +89,16 @@ class Guard:
                 started["status"] = message["status"]
             await send(message)
 
-        received, deadline = 0, time.monotonic() + self.body_timeout_s
+        received, deadline, body_done = 0, time.monotonic() + self.body_timeout_s, False
 
         async def receive_() -> dict:
             # Refusals raised here are HTTPExceptions, so that FastAPI's form parsing passes them on
             # rather than making them a 400 "error parsing the body"; errors.install answers them.
-            nonlocal received
+            nonlocal received, body_done
+            if body_done:
+                # Starlette's FileResponse and StreamingResponse wait here for the client to hang up
+                # while they send; a deadline would abort a response slower than read_timeout_s.
+                return await receive()
             left = min(self.read_timeout_s, deadline - time.monotonic())
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, left))
@@ -103,6 +107,7 @@ class Guard:
                               f"waits {self.read_timeout_s:g} s, the whole body {self.body_timeout_s:g} s)")\
                     from None
             received += len(message.get("body", b""))
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
             if received > self.max_body:
                 raise Refused(413, "too_large", f"upload over the limit of {self.max_body} bytes (counted "
                               "as it streamed in)")

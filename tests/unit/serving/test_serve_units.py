@@ -143,3 +143,38 @@ def test_decode_audio_bytes_refuses_bad_uploads_by_name() -> None:
         with pytest.raises(AudioError) as e:
             decode_audio_bytes(payload, "upload.x")
         assert e.value.reason == reason and "upload.x" in e.value.detail and "BytesIO" not in e.value.detail
+
+
+def test_guard_lets_a_response_outlast_the_read_timeout_once_the_body_is_in() -> None:
+    """Starlette's FileResponse listens for a disconnect through receive() while it sends; a read
+    deadline there cut the page off mid-body on a loaded machine (headers sent, 0 of 4556 bytes)."""
+    import asyncio
+
+    from funasr_recipe.serving.guard import Guard
+    from funasr_recipe.serving.metrics import ServeMetrics
+
+    sent: list[dict] = []
+
+    async def app(scope, receive, send) -> None:  # FileResponse's shape: listen while a slow send runs
+        assert (await receive())["more_body"] is False
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        listener = asyncio.create_task(receive())
+        await asyncio.sleep(0.3)  # six read timeouts
+        assert not listener.done(), listener.exception()
+        listener.cancel()
+        await send({"type": "http.response.body", "body": b"page", "more_body": False})
+
+    async def receive() -> dict:
+        if not sent:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.Event().wait()  # the client stays connected
+        raise AssertionError
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    guard = Guard(app, ServeMetrics(lambda: 0), keys=(), max_body=1000, body_timeout_s=0.05,
+                  read_timeout_s=0.05)
+    scope = {"type": "http", "path": "/", "method": "GET", "headers": []}
+    asyncio.run(guard(scope, receive, send))
+    assert [m.get("body") for m in sent] == [None, b"page"]
