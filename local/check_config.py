@@ -39,6 +39,7 @@ from funasr_recipe.core.log import setup_logging
 from funasr_recipe.core.rejections import BadInputError
 from funasr_recipe.model.config import feats_storage, pretrained_model
 from funasr_recipe.model.overrides import ANY, Keys, Scan, merge_keys, type_tag
+from funasr_recipe.train.zero import read_ds_config
 
 log = logging.getLogger(__name__)
 OPTIONS_AFTER = "comes after --: run.sh options go before --, trainer overrides after"
@@ -270,11 +271,11 @@ def check_engine_keys(path: Path, cfg: dict) -> None:
     """BadInputError for a train_conf setting that DeepSpeed would silently not apply: one whose value is
     not the --ds-config JSON's."""
     try:
-        conf = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        conf = read_ds_config(path)
+    except (OSError, BadInputError):
         return  # check_ds_config names what is wrong with the file
     train = cfg.get("train_conf") or {}
-    if not isinstance(conf, dict) or not isinstance(train, dict):
+    if not isinstance(train, dict):
         return
     for key, (ds_key, default) in DEEPSPEED_OWNED.items():
         ours, theirs = train.get(key), conf.get(ds_key, default)
