@@ -3,6 +3,7 @@ positions, the subtitle formats and the decoding of uploads."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import threading
 import time
@@ -15,6 +16,8 @@ from funasr_recipe.features.audio import AudioError, decode_audio_bytes
 from funasr_recipe.runtime.onnx_session import collapse_ctc, ctc_spans
 from funasr_recipe.serving import formats
 from funasr_recipe.serving.batcher import DynamicBatcher, QueueFull
+from funasr_recipe.serving.guard import Guard
+from funasr_recipe.serving.metrics import ServeMetrics
 from funasr_recipe.serving.segmenter import split_at_pauses
 from tests.helpers.make_bad_kaldi_dir import DEFAULT_WAV_DIR
 
@@ -148,11 +151,6 @@ def test_decode_audio_bytes_refuses_bad_uploads_by_name() -> None:
 def test_guard_lets_a_response_outlast_the_read_timeout_once_the_body_is_in() -> None:
     """Starlette's FileResponse listens for a disconnect through receive() while it sends; a read
     deadline there cut the page off mid-body on a loaded machine (headers sent, 0 of 4556 bytes)."""
-    import asyncio
-
-    from funasr_recipe.serving.guard import Guard
-    from funasr_recipe.serving.metrics import ServeMetrics
-
     sent: list[dict] = []
 
     async def app(scope, receive, send) -> None:  # FileResponse's shape: listen while a slow send runs
