@@ -86,9 +86,12 @@ def frame_signal(wave: torch.Tensor, conf: FbankConf, window_size: int) -> torch
     return kaldi._get_strided(wave, window_size, shift, False)
 
 
-def log_mel(strided: torch.Tensor, win: torch.Tensor, mel: torch.Tensor, padded: int) -> torch.Tensor:
+def log_mel(strided: torch.Tensor, win: torch.Tensor, mel: torch.Tensor, padded: int,
+            clips: list[int] | None = None) -> torch.Tensor:
     """Log mel energies of (frames, window) samples; every step is per frame, so the frames of several
-    clips stacked give each clip's own values."""
+    clips stacked give each clip's own values. ``clips``: the number of frames of each clip stacked
+    (default: one clip); the mel product is made per clip, because a BLAS may round a row of a matrix
+    product differently with the number of rows (OpenBLAS's Zen kernels do)."""
     frames = strided - strided.mean(dim=1, keepdim=True)
     # Pre-emphasis x[i] - 0.97 x[i-1] (x[-1] = x[0]) as a product then a difference, in place: the
     # same two roundings as torchaudio's (a fused a - 0.97 b would differ by up to 4e-3 in log-mel).
@@ -97,7 +100,9 @@ def log_mel(strided: torch.Tensor, win: torch.Tensor, mel: torch.Tensor, padded:
     torch.mul(frames[:, :1], 0.97, out=prev[:, :1])
     frames.sub_(prev).mul_(win)
     spec = torch.view_as_real(torch.fft.rfft(frames, n=padded)).reshape(frames.shape[0], -1).square_()
-    return torch.mm(spec, mel).clamp_min_(torch.finfo(torch.float32).eps).log_()
+    parts = spec.split(clips) if clips else [spec]
+    energies = torch.cat([torch.mm(part, mel) for part in parts]) if len(parts) > 1 else torch.mm(spec, mel)
+    return energies.clamp_min_(torch.finfo(torch.float32).eps).log_()
 
 
 class FbankExtractor:
@@ -147,7 +152,7 @@ class FbankExtractor:
             if full:
                 win, mel, padded = _kernel(window_size, conf.n_mels, conf.fs, conf.window)
                 strided = [frame_signal(scaled[i], conf, window_size) for i in full]
-                feats = log_mel(torch.cat(strided), win, mel, padded).numpy()
+                feats = log_mel(torch.cat(strided), win, mel, padded, [len(s) for s in strided]).numpy()
                 for i, part in zip(full, np.split(feats, np.cumsum([len(s) for s in strided])[:-1]),
                                    strict=True):
                     result[i] = part

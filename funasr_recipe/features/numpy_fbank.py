@@ -61,8 +61,8 @@ def sinc_resample(waves: list[np.ndarray], orig: int, new: int) -> list[np.ndarr
     torchaudio pads a clip with ``width`` zeros before and ``width + orig`` after and runs a conv1d of
     stride ``orig``: output block j, phase p, is kernel[p] . padded[j*orig : j*orig + taps]. Here the
     padded clips lie end to end, each starting on a multiple of the stride, so one product computes
-    every clip's blocks (per-call overhead, not arithmetic, is most of a short clip's cost) and no
-    window reaches into a neighbour.
+    every clip's windows (per-call overhead, not arithmetic, is most of a short clip's cost) and no
+    window reaches into a neighbour; the product with the kernel is made per clip.
     """
     a, b = reduced(orig, new)
     kernel, width = sinc_kernel(a, b)
@@ -73,11 +73,14 @@ def sinc_resample(waves: list[np.ndarray], orig: int, new: int) -> list[np.ndarr
     joined = np.zeros(pos, dtype=np.float32)
     for wave, start in zip(waves, starts, strict=True):
         joined[start + width: start + width + len(wave)] = wave
-    blocks = np.lib.stride_tricks.sliding_window_view(joined, kernel.shape[1])[::a] @ kernel.T
+    windows = np.lib.stride_tricks.sliding_window_view(joined, kernel.shape[1])[::a]
     out = []
     for wave, start in zip(waves, starts, strict=True):
         n = math.ceil(b * len(wave) / a)
-        out.append(blocks[start // a: start // a + -(-n // b)].reshape(-1)[:n])
+        # One product per clip, of its own blocks only: OpenBLAS's sgemm rounds a row differently with
+        # the number of rows on some CPUs (its Zen kernels), so a product over the joined clips would
+        # not give each clip's values as alone.
+        out.append((windows[start // a: start // a + -(-n // b)] @ kernel.T).reshape(-1)[:n])
     return out
 
 
@@ -154,10 +157,12 @@ def frame_signal(wave: np.ndarray, window_size: int, shift: int, snip_edges: boo
                                                                          wave.strides[0]), writeable=False)
 
 
-def log_mel(frames: np.ndarray, window: np.ndarray, mel: np.ndarray) -> np.ndarray:
+def log_mel(frames: np.ndarray, window: np.ndarray, mel: np.ndarray,
+            clips: list[int] | None = None) -> np.ndarray:
     """(frames, n_mels) float32 log mel energies of (frames, window) float32 samples; each frame on its
     own. float32 throughout, in torchaudio's order (DC removal, pre-emphasis as a product then a
-    difference, window), but for numpy's FFT, which computes in float64."""
+    difference, window), but for numpy's FFT, which computes in float64. ``clips``: the number of frames
+    of each clip stacked in ``frames`` (default: one clip), whose mel products are made apart."""
     x = frames - frames.mean(axis=1, keepdims=True, dtype=np.float32)
     emphasised = x.copy()
     emphasised[:, 1:] -= np.float32(0.97) * x[:, :-1]
@@ -165,7 +170,10 @@ def log_mel(frames: np.ndarray, window: np.ndarray, mel: np.ndarray) -> np.ndarr
     emphasised *= window
     spec = np.fft.rfft(emphasised, n=2 * (mel.shape[0] - 1)).view(np.float64)
     np.square(spec, out=spec)
-    energies = (spec[:, 0::2] + spec[:, 1::2]).astype(np.float32) @ mel
+    power = (spec[:, 0::2] + spec[:, 1::2]).astype(np.float32)
+    # Per clip, as sinc_resample's products: a row's rounding in sgemm may depend on the rows beside it.
+    parts = np.split(power, np.cumsum(clips)[:-1]) if clips else [power]
+    energies = np.concatenate([part @ mel for part in parts]) if len(parts) > 1 else power @ mel
     return np.log(np.maximum(energies, EPS, out=energies), out=energies)
 
 
@@ -245,7 +253,7 @@ class NumpyFbank:
             parts = [frame_signal(scaled[i], conf.window_size, conf.shift, conf.snip_edges) for i in full]
             padded = 1 << (conf.window_size - 1).bit_length()
             feats = log_mel(np.concatenate(parts), window_function(conf.window, conf.window_size),
-                            mel_matrix(conf.n_mels, padded, conf.fs))
+                            mel_matrix(conf.n_mels, padded, conf.fs), [len(p) for p in parts])
             out.update(zip(full, np.split(feats, np.cumsum([len(p) for p in parts])[:-1]), strict=True))
         return [out[i] for i in range(len(waves))]
 
