@@ -16,7 +16,7 @@ on a key the config has, ``key=``/``~key`` on one it lacks), a key funasr does n
 (``unknown key dataset_conf.batchsize (did you mean dataset_conf.batch_size?)``), a value of another
 type than the config's or the reading code's default (``optim_conf.lr=abc: expected a number (the config
 has 0.002)``; an integer for a number is fine), and a value of a recipe key that its reader refuses
-(``feats_storage``: float32 or uint16).
+(``feats_storage``: float32 or uint16; ``feats_augment``: features/augment.py's keys and ranges).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 from funasr_recipe.core.cli import EXIT_BAD_INPUT, program_parser, run_main, split_overrides
 from funasr_recipe.core.log import setup_logging
 from funasr_recipe.core.rejections import BadInputError
-from funasr_recipe.model.config import feats_storage, pretrained_model
+from funasr_recipe.model.config import feats_augment, feats_storage, pretrained_model
 from funasr_recipe.model.overrides import ANY, Keys, Scan, merge_keys, type_tag
 from funasr_recipe.train.zero import read_ds_config
 
@@ -325,7 +325,8 @@ def problems_of(args: argparse.Namespace, overrides: list[str]) -> list[str]:
     ours, merged = configs(args.config, args.pretrained_dir)
     problems = check_overrides(overrides, ours, merged, str(args.config), scan)
     # The recipe's own keys, whose values stage 1 would refuse only once it starts.
-    checks = [(feats_storage, (OmegaConf.create(with_overrides(ours, overrides)),))]
+    recipe_cfg = OmegaConf.create(with_overrides(ours, overrides))
+    checks = [(feats_storage, (recipe_cfg,)), (feats_augment, (recipe_cfg,))]
     if args.ds_config:
         checks += [(check_ds_config, (args.ds_config,)),
                    (check_engine_keys, (args.ds_config, with_overrides(merged, overrides)))]

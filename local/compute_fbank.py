@@ -1,7 +1,8 @@
 """Stage 1: fbank features of every set, computed once by every process of every node; node 0 merges.
 
-Reads  <data-dir>/<set>/data.jsonl (stage 0) and the model config's ``frontend_conf`` and ``feats_storage``
-(+ overrides; float32, or uint16 for half the bytes: funasr_recipe/features/storage.py);
+Reads  <data-dir>/<set>/data.jsonl (stage 0) and the model config's ``frontend_conf``, ``feats_storage``
+(+ overrides; float32, or uint16 for half the bytes: funasr_recipe/features/storage.py) and
+``feats_augment`` (the training set's rooms, noise and gain: funasr_recipe/features/augment.py);
 ``work`` (each rank) writes <dump-dir>/<set>/shards/ for its shards (funasr_recipe/features/dump.py);
 ``merge`` (node 0) waits for all shards, writes <dump-dir>/<set>/{data.jsonl,feats.scp,rejected.tsv,
 report.json}, <dump-dir>/<train-set>/am.mvn and, for a from-scratch model, the tokenizer in --tokenizer-dir;
@@ -80,7 +81,8 @@ def run(args: argparse.Namespace) -> None:
     cfg = config.load_config(args.config, args.overrides)
     conf = config.fbank_conf(cfg)
     plans = plan_sets(args.data_dir, args.dump_dir, args.sets.split(), args.train_set, args.speed_perturb,
-                      args.shard_size, conf, args.world_size, config.feats_storage(cfg))
+                      args.shard_size, conf, args.world_size, config.feats_storage(cfg),
+                      config.feats_augment(cfg))
     if args.mode == "work":
         compute_shards(plans, conf, args.rank, args.world_size, args.strict)
         return

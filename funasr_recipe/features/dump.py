@@ -47,7 +47,9 @@ from funasr_recipe.core.rejections import REJECTED_HEADER, BadInputError, Reject
 from funasr_recipe.dist.markers import fingerprint, is_done, mark_done, marker_info, wait_for_shards
 from funasr_recipe.dist.slicing import my_shards, num_shards, shard_size_for
 from funasr_recipe.features.audio import AudioError, load_audio
+from funasr_recipe.features.augment import OFF, AugmentConf, Augmenter
 from funasr_recipe.features.cmvn import CmvnStats, cmvn_name, write_am_mvn
+from funasr_recipe.features.fbank_conf import to_mono
 from funasr_recipe.features.shard_sums import RECORD, check_shards, recheck, record, refuse_merge
 from funasr_recipe.features.storage import DEFAULT as DEFAULT_STORAGE
 from funasr_recipe.features.storage import compression, stored
@@ -70,6 +72,7 @@ class SetPlan:
     shard_size: int
     fingerprint: str
     storage: str = DEFAULT_STORAGE  # features/storage.py: how the arks hold the matrices
+    augment: AugmentConf = OFF  # features/augment.py: the training set's, off for the others
 
     @property
     def n_jobs(self) -> int:
@@ -87,9 +90,11 @@ class SetPlan:
 
 
 def plan_set(data_dir: Path, dump_dir: Path, name: str, factors: tuple[float, ...], shard_size: int,
-             conf: FbankConf, world_size: int = 1, storage: str = DEFAULT_STORAGE) -> SetPlan:
-    """Plan one set: count its lines and fingerprint its input, features, perturbation and storage; shards
-    of ``shard_size`` jobs at most, fewer where that would leave one of ``world_size`` processes idle."""
+             conf: FbankConf, world_size: int = 1, storage: str = DEFAULT_STORAGE,
+             augment: AugmentConf = OFF) -> SetPlan:
+    """Plan one set: count its lines and fingerprint its input, features, perturbation, augmentation and
+    storage; shards of ``shard_size`` jobs at most, fewer where that would leave one of ``world_size``
+    processes idle."""
     jsonl = data_dir / name / "data.jsonl"
     if not jsonl.is_file():
         raise FileNotFoundError(f"{jsonl} is missing: run stage 0 first")
@@ -102,11 +107,13 @@ def plan_set(data_dir: Path, dump_dir: Path, name: str, factors: tuple[float, ..
     # "v2": the shard markers' layout of dist/markers.py (summary on line 3); older shards are redone.
     # The listing of what stage 0 read (data/sources.py): a recording replaced by one with the same header
     # leaves data.jsonl as it was, and its features must still be computed again.
-    # The storage only when it is not the default: float32 shards made before it was a choice stay valid.
+    # The storage and the augmentation only when not the defaults: shards made before they were choices
+    # stay valid.
     fp = fingerprint("stage-1 shard v2", digest.hexdigest(), conf.fingerprint(), factors, shard_size,
                      *([f"storage {storage}"] if compression(storage) is not None else []),
+                     *([augment.fingerprint()] if augment.active else []),
                      contents=[data_dir / ".sources.tsv"])
-    return SetPlan(name, jsonl, dump_dir / name, n_lines, factors, shard_size, fp, storage)
+    return SetPlan(name, jsonl, dump_dir / name, n_lines, factors, shard_size, fp, storage, augment)
 
 
 def speed_key(key: str, factor: float) -> str:
@@ -175,9 +182,10 @@ def duplicate_key_error(plan: SetPlan, key: str) -> ValueError:
 
 
 def compute_shard(plan: SetPlan, shard: int, lines: list[tuple[int, dict]], extractor: FbankExtractor,
-                  strict: bool, progress: Progress) -> dict:
+                  strict: bool, progress: Progress, augmenter: Augmenter | None = None) -> dict:
     """Write one shard's ark/scp/jsonl/rejected/stats and its ``.done``; returns its summary."""
     conf, n_factors = extractor.conf, len(plan.factors)
+    augmented: Counter = Counter()
     lo, hi = shard * plan.shard_size, min((shard + 1) * plan.shard_size, plan.n_jobs)
     plan.shard_path(shard, "done").unlink(missing_ok=True)
     stats, reasons = CmvnStats(), Counter()
@@ -204,7 +212,11 @@ def compute_shard(plan: SetPlan, shard: int, lines: list[tuple[int, dict]], extr
                 factor = plan.factors[job % n_factors]
                 key = speed_key(obj["key"], factor)
                 if load_error is None:
-                    feats, error = _features(extractor, wave, rate, factor, obj["source"])
+                    job_wave = wave
+                    if augmenter is not None:
+                        job_wave, done = augmenter(to_mono(wave), rate, key)
+                        augmented.update(done)
+                    feats, error = _features(extractor, job_wave, rate, factor, obj["source"])
                 else:
                     feats, error = None, load_error
                 if error is not None:
@@ -231,6 +243,7 @@ def compute_shard(plan: SetPlan, shard: int, lines: list[tuple[int, dict]], extr
                                   "wav": obj["source"], "feat_dim": conf.n_mels}, ensure_ascii=False) + "\n")
     stats.save(plan.shard_path(shard, "stats.npz"))
     summary = {"accepted": len(accepted), "rejected": dict(reasons), "frames": sum(f for _, _, f in accepted),
+               "augmented": dict(augmented),
                "audio_s": audio_s, "compute_s": time.perf_counter() - start,
                RECORD: record(plan.shard_path(shard, "done"))}
     mark_done(plan.shard_path(shard, "done"), plan.fingerprint, summary)
@@ -239,9 +252,10 @@ def compute_shard(plan: SetPlan, shard: int, lines: list[tuple[int, dict]], extr
 
 def plan_sets(data_dir: Path, dump_dir: Path, sets: list[str], train_set: str, speed_perturb: str,
               shard_size: int, conf: FbankConf, world_size: int = 1,
-              storage: str = DEFAULT_STORAGE) -> list[SetPlan]:
-    """A plan per set for ``world_size`` processes; ``speed_perturb`` ("0.9 1.0 1.1") applies to the
-    training set only; every set's arks hold ``storage`` (features/storage.py)."""
+              storage: str = DEFAULT_STORAGE, augment: AugmentConf = OFF) -> list[SetPlan]:
+    """A plan per set for ``world_size`` processes; ``speed_perturb`` ("0.9 1.0 1.1") and ``augment``
+    (features/augment.py) apply to the training set only; every set's arks hold ``storage``
+    (features/storage.py)."""
     factors = tuple(float(f) for f in speed_perturb.split())
     if not factors or any(not 0.5 <= f <= 2.0 for f in factors):
         raise BadInputError(f"--speed-perturb '{speed_perturb}': factors must lie in [0.5, 2]")
@@ -251,7 +265,7 @@ def plan_sets(data_dir: Path, dump_dir: Path, sets: list[str], train_set: str, s
         raise BadInputError(f"--speed-perturb '{speed_perturb}': factor {twice[0]:g} is given more than "
                             "once; each copy of an utterance needs its own key")
     return [plan_set(data_dir, dump_dir, name, factors if name == train_set else (1.0,), shard_size, conf,
-                     world_size, storage) for name in sets]
+                     world_size, storage, augment if name == train_set else OFF) for name in sets]
 
 
 def compute_shards(plans: list[SetPlan], conf: FbankConf, rank: int, world_size: int, strict: bool) -> None:
@@ -275,8 +289,9 @@ def compute_shards(plans: list[SetPlan], conf: FbankConf, rank: int, world_size:
         total = sum(min((s + 1) * plan.shard_size, plan.n_jobs) - s * plan.shard_size for s in todo)
         progress = Progress(f"{plan.out}: rank {rank} fbank", total, logger=log)
         audio_s = compute_s = 0.0
+        augmenter = Augmenter(plan.augment) if plan.augment.active else None
         for shard, lines in shard_lines(plan, todo):
-            summary = compute_shard(plan, shard, lines, extractor, strict, progress)
+            summary = compute_shard(plan, shard, lines, extractor, strict, progress, augmenter)
             audio_s += summary["audio_s"]
             compute_s += summary["compute_s"]
         progress.close()
@@ -307,7 +322,7 @@ def merge_set(plan: SetPlan, conf: FbankConf, world_size: int, timeout: float) -
     # Once, here: the wait polls markers alone every few seconds. A merged list must not name bad bytes.
     if bad := check_shards([plan.shard_path(s, "done") for s in range(plan.n_shards)], f"{plan.out}: merge"):
         raise refuse_merge(str(plan.out), bad)
-    stats, reasons = CmvnStats(), Counter()
+    stats, reasons, augmented = CmvnStats(), Counter(), Counter()
     totals = Counter()
     parts = {"data.jsonl": "jsonl", "feats.scp": "scp", "rejected.tsv": "rejected.tsv"}
     outs = {name: open(plan.out / f"{name}.tmp", "w", encoding="utf-8") for name in parts}
@@ -318,6 +333,7 @@ def merge_set(plan: SetPlan, conf: FbankConf, world_size: int, timeout: float) -
         for shard in range(plan.n_shards):
             summary = marker_info(plan.shard_path(shard, "done"))
             reasons.update(summary["rejected"])
+            augmented.update(summary.get("augmented", {}))
             totals.update({k: summary[k] for k in ("accepted", "frames", "audio_s", "compute_s")})
             stats.merge(CmvnStats.load(plan.shard_path(shard, "stats.npz")))
             for name, suffix in parts.items():
@@ -339,6 +355,8 @@ def merge_set(plan: SetPlan, conf: FbankConf, world_size: int, timeout: float) -
     report = {
         "set": plan.name, "input": str(plan.jsonl), "utterances": plan.n_lines,
         "speed_perturb": list(plan.factors), "jobs": plan.n_jobs, "accepted": totals["accepted"],
+        **({"augment": asdict(plan.augment), "augmented": dict(sorted(augmented.items()))}
+           if plan.augment.active else {}),
         "rejected": sum(reasons.values()), "rejected_by_reason": dict(sorted(reasons.items())),
         "frames": totals["frames"], "hours": round(totals["audio_s"] / 3600, 4),
         "compute_s": round(totals["compute_s"], 2),

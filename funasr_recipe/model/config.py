@@ -8,6 +8,8 @@ Recipe-only keys, which funasr ignores:
   ``build_tokenizer: {kind, vocab_size, sp_type}``  a from-scratch model's tokenizer (stage 1 builds it)
   ``pretrained_model: <hub name or dir>``           fine-tune this model (stage 2 resolves it)
   ``feats_storage: float32 | uint16``               how stage 1 stores the features (features/storage.py)
+  ``feats_augment: {reverb_prob, noise_prob, ...}``  stage 1's augmentation of the training set
+                                                     (features/augment.py)
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from funasr_recipe.core.rejections import BadInputError
 
 if TYPE_CHECKING:  # features/fbank.py imports torch (2 s), which local/resolve_model.py has no use for
+    from funasr_recipe.features.augment import AugmentConf
     from funasr_recipe.features.fbank_conf import FbankConf
 
 
@@ -66,6 +69,16 @@ def feats_storage(cfg: DictConfig) -> str:
     from funasr_recipe.features.storage import DEFAULT, check_storage
 
     return check_storage(cfg.get("feats_storage", DEFAULT), "feats_storage")
+
+
+def feats_augment(cfg: DictConfig) -> AugmentConf:
+    """Stage 1's augmentation of the training set: ``feats_augment`` (default off); BadInputError for a
+    key or value features/augment.py does not know."""
+    from funasr_recipe.features.augment import AugmentConf
+
+    spec = cfg.get("feats_augment")
+    return AugmentConf.from_config(None if spec is None else OmegaConf.to_container(spec, resolve=True)
+                                   if isinstance(spec, DictConfig) else spec)
 
 
 def funasr_config(cfg: DictConfig, pretrained_dir: Path | None = None) -> dict:

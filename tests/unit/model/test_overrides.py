@@ -245,14 +245,20 @@ def test_the_program_exits_2_with_one_line_per_problem(tmp_path: Path, capsys: p
 
 def test_a_recipe_keys_value_is_checked_before_any_stage(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``feats_storage`` is known (model/config.py reads it), and a value stage 1 would refuse is named."""
+    """``feats_storage`` and ``feats_augment`` are known (model/config.py reads them), and a value or a key
+    stage 1 would refuse is named."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert main(["--config", str(TINY), "--", "++feats_storage=uint16"]) == 0
     assert main(["--config", str(FINETUNE), "--", "++feats_storage=float32"]) == 0
+    assert main(["--config", str(TINY), "--", "++feats_augment.reverb_prob=0.3",
+                 "++feats_augment.gain_db=[-6,6]"]) == 0
     assert capsys.readouterr().err == ""
     assert main(["--config", str(TINY), "--", "++feats_storage=float16"]) == 2
     assert "feats_storage: 'float16' is not a feature storage; expected one of float32, uint16" in \
         capsys.readouterr().err
+    assert main(["--config", str(TINY), "--", "++feats_augment.reverb_probability=0.3"]) == 2
+    assert "feats_augment.reverb_probability: not a key of feats_augment; expected one of gain_db, " \
+        "noise_prob, reverb_prob, rt60_s, seed, snr_db" in capsys.readouterr().err
 
 
 def test_the_check_is_fast_and_imports_neither_torch_nor_funasr(tmp_path: Path) -> None:
