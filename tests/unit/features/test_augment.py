@@ -46,14 +46,15 @@ def test_each_setting_does_what_it_says_and_keeps_the_length() -> None:
         noisy, done = Augmenter(AugmentConf(noise_prob=1.0, snr_db=(10.0, 10.0)))(x, RATE, key)
         assert done == ["noise"] and noisy.shape == x.shape
         assert snr_db(x, noisy) == pytest.approx(10.0, abs=0.01)
-    wet, done = Augmenter(AugmentConf(reverb_prob=1.0))(x, RATE, "a")
+    wet, done = Augmenter(AugmentConf(reverb_prob=1.0, rt60_s=(0.2, 0.3)))(x, RATE, "a")
     assert done == ["reverb"] and wet.shape == x.shape and not np.allclose(wet, x, atol=1e-3)
     # The direct path is scaled to 1: a room changes the level by a few dB, not by orders of magnitude.
     assert 0.3 < np.sqrt((wet ** 2).mean() / (x ** 2).mean()) < 10
 
 
 def test_a_job_draws_by_its_key_alone_and_silence_gets_no_noise() -> None:
-    conf = AugmentConf(reverb_prob=0.5, noise_prob=0.5, gain_db=(-10.0, 10.0), seed=3)
+    # Short rooms where the room is not the point: a bank of 0.6 s rooms takes seconds to simulate.
+    conf = AugmentConf(reverb_prob=0.5, rt60_s=(0.2, 0.3), noise_prob=0.5, gain_db=(-10.0, 10.0), seed=3)
     x = tone()
     first, again = Augmenter(conf), Augmenter(conf)  # two processes: each its own room bank
     for key in ("sp0.9-u1", "u1", "u2"):
@@ -62,7 +63,8 @@ def test_a_job_draws_by_its_key_alone_and_silence_gets_no_noise() -> None:
         assert np.array_equal(a, b) and done_a == done_b
     outcomes = {tuple(first(x, RATE, f"u{i}")[1]) for i in range(40)}
     assert outcomes == {(), ("reverb",), ("noise",), ("reverb", "noise")}  # independent draws, both ways
-    other_seed = Augmenter(AugmentConf(reverb_prob=0.5, noise_prob=0.5, gain_db=(-10.0, 10.0), seed=4))
+    other_seed = Augmenter(AugmentConf(reverb_prob=0.5, rt60_s=(0.2, 0.3), noise_prob=0.5,
+                                       gain_db=(-10.0, 10.0), seed=4))
     assert any(not np.array_equal(first(x, RATE, f"u{i}")[0], other_seed(x, RATE, f"u{i}")[0])
                for i in range(5))
     silence, done = Augmenter(AugmentConf(noise_prob=1.0))(np.zeros(800, np.float32), RATE, "s")
@@ -111,7 +113,8 @@ def feats(dump: Path, name: str) -> dict[str, np.ndarray]:
 def test_only_the_training_set_is_augmented_and_the_shards_agree_however_cut(tmp_path: Path) -> None:
     write_set(tmp_path, "train", 6)
     write_set(tmp_path, "dev", 3)
-    conf, augment = FbankConf(), AugmentConf(reverb_prob=0.5, noise_prob=0.5, gain_db=(-6.0, 6.0))
+    conf = FbankConf()
+    augment = AugmentConf(reverb_prob=0.5, rt60_s=(0.2, 0.3), noise_prob=0.5, gain_db=(-6.0, 6.0))
     runs = {}
     for dump, shard_size, aug in (("off", 100, AugmentConf()), ("one", 100, augment), ("cut", 1, augment)):
         plans = plan_sets(tmp_path / "data", tmp_path / dump, ["dev", "train"], "train", "0.9 1.0",
