@@ -86,3 +86,42 @@ def test_denormals_are_flushed(trainer_ds) -> None:
 
 def test_memory_figures_of_the_log_line_are_zero(trainer_ds) -> None:
     assert torch.cuda.memory_allocated() == 0 and torch.cuda.max_memory_reserved() == 0
+
+
+def reference_product(op, *operands: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """What a bf16 (fp16) kernel computes: operands rounded to dtype, exact products summed in fp32."""
+    return op(*(x.to(dtype).float() for x in operands)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_products_without_low_precision_instructions_are_fp32_of_rounded_operands(
+        trainer_ds, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    """Patch 6: where the CPU lacks the dtype's instructions, linear, matmul and conv1d under the trainer's
+    autocast give the fp32 product of the rounded operands in dtype; gradients reach dtype weights."""
+    monkeypatch.setattr(funasr_cpu_patch, "has_native", lambda d: False)
+    torch.manual_seed(0)
+    x, w, b = torch.randn(6, 40), torch.randn(24, 40).to(dtype).requires_grad_(), torch.randn(24).to(dtype)
+    a, k = torch.randn(3, 5, 40), torch.randn(8, 5, 3)
+    with trainer_ds.maybe_autocast(dtype):
+        stack = torch.overrides._get_current_function_mode_stack()
+        assert any(isinstance(m, funasr_cpu_patch.Fp32Products) for m in stack)
+        y = F.linear(x, w, b)
+        z = a @ a.transpose(1, 2)
+        c = F.conv1d(a.transpose(1, 2)[:, :5], k.to(dtype), padding=1)
+    assert y.dtype == z.dtype == c.dtype == dtype
+    assert torch.equal(y, reference_product(F.linear, x, w, b, dtype=dtype))
+    assert torch.equal(z, reference_product(lambda p, q: p @ q, a, a.transpose(1, 2), dtype=dtype))
+    conv = lambda p, q: F.conv1d(p, q, padding=1)  # noqa: E731
+    assert torch.equal(c, reference_product(conv, a.transpose(1, 2)[:, :5], k, dtype=dtype))
+    y.float().sum().backward()
+    assert w.grad is not None and w.grad.dtype == dtype
+    torch.testing.assert_close(w.grad.float(), x.to(dtype).float().sum(0).expand(24, 40), atol=0, rtol=1e-2)
+
+
+def test_a_cpu_with_the_instructions_keeps_autocasts_own_kernels(trainer_ds,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(funasr_cpu_patch, "has_native", lambda d: True)
+    with trainer_ds.maybe_autocast(torch.bfloat16):
+        stack = torch.overrides._get_current_function_mode_stack()
+        assert not any(isinstance(m, funasr_cpu_patch.Fp32Products) for m in stack)
+        assert F.linear(torch.randn(2, 4), torch.randn(3, 4)).dtype == torch.bfloat16
