@@ -19,13 +19,6 @@ every target is declared in compat/pins.py and replaced through compat/patching.
 5. denormals: as weights and gradients shrink, CPU kernels meet denormal floats and slow down by an
    order of magnitude (a Conformer's convolution backward went from 2.3 s to 10.7 s a step within a
    dozen steps; GPUs flush them in hardware). On CPU they are flushed to zero.
-6. bf16 products without bf16 instructions: on a CPU with neither AVX512-BF16 nor AMX (an AVX2-only
-   AMD EPYC, say), torch 2.9 multiplies bf16 matrices in a scalar fallback, 60x slower than fp32 (a
-   512x512 product: 272 against 4.4 ms), so a step of the tiny demo model took 14 times as long as on
-   a CPU that has them. There, under the autocast of 2, the matrix products and convolutions take
-   their operands rounded to bf16 (as autocast rounds them), multiply them in fp32 and round the result
-   to bf16: what a bf16 kernel computes (a product of two bf16 values is exact in fp32, and bf16
-   kernels accumulate in fp32), up to the order of the sums. fp16 likewise, without AMX-FP16.
 
 The process-group backend (funasr defaults to nccl) is not patched: model/trainer.py passes
 ``++backend=gloo`` on CPU, a setting funasr already has. Reads and writes nothing.
@@ -39,7 +32,6 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from funasr_recipe.compat.patching import replace, wrap_method
 
@@ -74,70 +66,14 @@ def _fp32_layer_norm() -> Iterator[None]:
         replace(F, "layer_norm", _ORIGINAL_LAYER_NORM)
 
 
-_T = torch.Tensor
-# The products CPU autocast runs in low precision (its lower_precision_fp list) that funasr's models call.
-_PRODUCTS = frozenset({F.linear, torch.matmul, _T.matmul, _T.__matmul__, _T.__rmatmul__, torch.mm, _T.mm,
-                       torch.bmm, _T.bmm, torch.addmm, _T.addmm, torch.baddbmm, _T.baddbmm, torch.einsum,
-                       F.conv1d, F.conv2d, torch.conv1d, torch.conv2d, F.scaled_dot_product_attention})
-
-
-def has_native(dtype: torch.dtype) -> bool:
-    """Whether this CPU multiplies ``dtype`` matrices with instructions of its own (patch 6)."""
-    cpu = torch._C._cpu
-    if dtype == torch.bfloat16:
-        return cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported()
-    return cpu._is_amx_fp16_supported()
-
-
-class Fp32Products(TorchFunctionMode):
-    """Within it, the products of ``_PRODUCTS`` compute in fp32 from operands rounded to ``dtype`` and
-    return ``dtype``, as a ``dtype`` kernel would (patch 6); every other op is left alone."""
-
-    def __init__(self, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.dtype = dtype
-
-    def _up(self, x: object) -> object:
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
-            return x.to(self.dtype).float()
-        if isinstance(x, list | tuple):
-            return type(x)(self._up(v) for v in x)
-        return x
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        kwargs = kwargs or {}
-        if func not in _PRODUCTS:
-            return func(*args, **kwargs)
-        with torch.autocast("cpu", enabled=False):
-            out = func(*self._up(args), **{k: self._up(v) for k, v in kwargs.items()})
-        return out.to(self.dtype)
-
-
 @contextlib.contextmanager
 def cpu_autocast(dtype: torch.dtype | None = None, use_deepspeed: bool = False) -> Iterator[None]:
-    """``trainer_ds.maybe_autocast`` for CPU: autocast to bf16/fp16 when the trainer's dtype says so, its
-    products in fp32 where the CPU has no instructions for the dtype (patch 6)."""
+    """``trainer_ds.maybe_autocast`` for CPU: autocast to bf16/fp16 when the trainer's dtype says so."""
     if dtype in (torch.bfloat16, torch.float16):
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(torch.autocast("cpu", dtype=dtype, cache_enabled=not use_deepspeed))
-            stack.enter_context(_fp32_layer_norm())
-            if not has_native(dtype):
-                _say_once(dtype)
-                stack.enter_context(Fp32Products(dtype))
+        with torch.autocast("cpu", dtype=dtype, cache_enabled=not use_deepspeed), _fp32_layer_norm():
             yield
     else:
         yield
-
-
-_SAID: set[torch.dtype] = set()
-
-
-def _say_once(dtype: torch.dtype) -> None:
-    if dtype not in _SAID:
-        _SAID.add(dtype)
-        log.info("this CPU has no %s matrix instructions: the %s products are computed in fp32 from %s "
-                 "operands (the same values up to the order of the sums; torch's fallback is ~60x slower)",
-                 dtype, dtype, dtype)
 
 
 def _warp_model_cpu(original, self, model: torch.nn.Module, **kwargs) -> torch.nn.Module:
