@@ -150,15 +150,20 @@ def feature_error(e: Exception, source: str) -> AudioError:
     return AudioError("feature_error", f"{type(e).__name__}: {e} ({source})")
 
 
-def _features(extractor: FbankExtractor, wave: np.ndarray, rate: int, factor: float,
-              source: str) -> tuple[np.ndarray | None, AudioError | None]:
+def _features(extractor: FbankExtractor, wave: np.ndarray, rate: int, factor: float, source: str,
+              augmenter: Augmenter | None = None,
+              key: str = "") -> tuple[np.ndarray | None, AudioError | None, list[str]]:
+    """(fbank or None, the job's rejection or None, what ``augmenter`` did to job ``key``'s audio)."""
+    done: list[str] = []
     try:
+        if augmenter is not None:
+            wave, done = augmenter(to_mono(wave), rate, key)
         feats = extractor.from_wave(wave, rate, factor)
     except Exception as e:  # torchaudio asserts on a 1-sample clip; any other error is this clip's too
-        return None, feature_error(e, source)
+        return None, feature_error(e, source), []
     if not np.isfinite(feats).all():
-        return None, AudioError("nonfinite_features", f"{source}: NaN or inf in fbank")
-    return feats, None
+        return None, AudioError("nonfinite_features", f"{source}: NaN or inf in fbank"), []
+    return feats, None, done
 
 
 def key_origins(plan: SetPlan, keys: set[str]) -> dict[str, list[tuple[int, str, float]]]:
@@ -212,11 +217,9 @@ def compute_shard(plan: SetPlan, shard: int, lines: list[tuple[int, dict]], extr
                 factor = plan.factors[job % n_factors]
                 key = speed_key(obj["key"], factor)
                 if load_error is None:
-                    job_wave = wave
-                    if augmenter is not None:
-                        job_wave, done = augmenter(to_mono(wave), rate, key)
-                        augmented.update(done)
-                    feats, error = _features(extractor, job_wave, rate, factor, obj["source"])
+                    feats, error, done = _features(extractor, wave, rate, factor, obj["source"], augmenter,
+                                                   key)
+                    augmented.update(done)
                 else:
                     feats, error = None, load_error
                 if error is not None:

@@ -77,8 +77,8 @@ def feats_augment(cfg: DictConfig) -> AugmentConf:
     from funasr_recipe.features.augment import AugmentConf
 
     spec = cfg.get("feats_augment")
-    return AugmentConf.from_config(None if spec is None else OmegaConf.to_container(spec, resolve=True)
-                                   if isinstance(spec, DictConfig) else spec)
+    return AugmentConf.from_config(OmegaConf.to_container(spec, resolve=True) if isinstance(spec, DictConfig)
+                                   else spec)
 
 
 def funasr_config(cfg: DictConfig, pretrained_dir: Path | None = None) -> dict:

@@ -134,3 +134,27 @@ def test_only_the_training_set_is_augmented_and_the_shards_agree_however_cut(tmp
                for k, m in feats(tmp_path / "one", "train").items())
     for key, matrix in feats(tmp_path / "one", "dev").items():
         np.testing.assert_array_equal(matrix, feats(tmp_path / "off", "dev")[key])
+
+
+def test_an_augmentation_that_fails_rejects_that_job_only(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """One job's failure inside the augmentation is its ``feature_error`` rejection (file, line, key),
+    as any failure of its fbank is; the other jobs are written."""
+    write_set(tmp_path, "train", 3)
+    original = Augmenter.__call__
+
+    def fail_one(self: Augmenter, wave: np.ndarray, rate: int, key: str) -> tuple[np.ndarray, list[str]]:
+        if key == "sp0.9-train1":
+            raise RuntimeError("room simulation failed")
+        return original(self, wave, rate, key)
+
+    monkeypatch.setattr(Augmenter, "__call__", fail_one)
+    conf = FbankConf()
+    plans = plan_sets(tmp_path / "data", tmp_path / "dump", ["train"], "train", "0.9 1.0", 100, conf,
+                      augment=AugmentConf(gain_db=(-6.0, 6.0)))
+    compute_shards(plans, conf, 0, 1, strict=False)
+    report = merge_set(plans[0], conf, 1, 10)[0]
+    assert report["accepted"] == 5 and report["rejected_by_reason"] == {"feature_error": 1}
+    rejected = (tmp_path / "dump" / "train" / "rejected.tsv").read_text().splitlines()[1:]
+    assert len(rejected) == 1 and "data.jsonl\t2\tsp0.9-train1\tfeature_error" in rejected[0]
+    assert "RuntimeError: room simulation failed" in rejected[0]
