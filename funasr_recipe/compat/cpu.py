@@ -19,6 +19,16 @@ every target is declared in compat/pins.py and replaced through compat/patching.
 5. denormals: as weights and gradients shrink, CPU kernels meet denormal floats and slow down by an
    order of magnitude (a Conformer's convolution backward went from 2.3 s to 10.7 s a step within a
    dozen steps; GPUs flush them in hardware). On CPU they are flushed to zero.
+6. bf16 products without bf16 instructions: on a CPU with neither AVX512-BF16 nor AMX (an AVX2-only
+   AMD EPYC, say), torch 2.9 multiplies bf16 matrices in a scalar fallback, 40-60x slower than fp32,
+   so a step of the tiny demo model took 14 times as long as on a CPU that has them. There, the
+   autocast of 2 gets its own kernels for the products (linear, matmul, mm, bmm, conv1d, ...): the
+   operands rounded to bf16 as autocast rounds them, multiplied in fp32, the result rounded to bf16.
+   That is what a bf16 kernel computes (a product of two bf16 values is exact in fp32, and bf16
+   kernels accumulate in fp32), up to the order of the sums. fp16 likewise, without AMX-FP16. They
+   are registered at the AutocastCPU dispatch key, below which autograd records the fp32 product, so
+   the backward pass and torch.utils.checkpoint's recomputation (which re-enters autocast) take the
+   same path; a TorchFunctionMode, tried first, is bypassed by that recomputation.
 
 The process-group backend (funasr defaults to nccl) is not patched: model/trainer.py passes
 ``++backend=gloo`` on CPU, a setting funasr already has. Reads and writes nothing.
@@ -33,6 +43,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from funasr_recipe.compat import fp32_products
 from funasr_recipe.compat.patching import replace, wrap_method
 
 log = logging.getLogger(__name__)
@@ -68,8 +79,11 @@ def _fp32_layer_norm() -> Iterator[None]:
 
 @contextlib.contextmanager
 def cpu_autocast(dtype: torch.dtype | None = None, use_deepspeed: bool = False) -> Iterator[None]:
-    """``trainer_ds.maybe_autocast`` for CPU: autocast to bf16/fp16 when the trainer's dtype says so."""
+    """``trainer_ds.maybe_autocast`` for CPU: autocast to bf16/fp16 when the trainer's dtype says so, its
+    products in fp32 where the CPU has no instructions for the dtype (patch 6)."""
     if dtype in (torch.bfloat16, torch.float16):
+        if not fp32_products.has_native(dtype):
+            fp32_products.install()
         with torch.autocast("cpu", dtype=dtype, cache_enabled=not use_deepspeed), _fp32_layer_norm():
             yield
     else:
