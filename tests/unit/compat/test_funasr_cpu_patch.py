@@ -148,7 +148,8 @@ def test_gradient_checkpointing_recomputes_through_the_same_kernels(trainer_ds, 
     from torch.utils.checkpoint import checkpoint
 
     torch.manual_seed(0)
-    block = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Conv1d(32, 32, 3, padding=1))
+    block = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                                torch.nn.Conv1d(32, 32, 3, padding=1))
     x = torch.randn(4, 16)
 
     def grads(checkpointed: bool) -> list[torch.Tensor]:
