@@ -89,23 +89,32 @@ class Guard:
                 started["status"] = message["status"]
             await send(message)
 
-        received, deadline, body_done = 0, time.monotonic() + self.body_timeout_s, False
+        received, waited, body_done = 0, 0.0, False
 
         async def receive_() -> dict:
             # Refusals raised here are HTTPExceptions, so that FastAPI's form parsing passes them on
             # rather than making them a 400 "error parsing the body"; errors.install answers them.
-            nonlocal received, body_done
+            nonlocal received, waited, body_done
             if body_done:
                 # Starlette's FileResponse and StreamingResponse wait here for the client to hang up
                 # while they send; a deadline would abort a response slower than read_timeout_s.
                 return await receive()
-            left = min(self.read_timeout_s, deadline - time.monotonic())
+            # The body's budget is spent only while waiting on the client. A deadline fixed when the
+            # request came in also charged the app's own time before its first receive(): on a
+            # loaded machine a GET's empty body, already in hand, timed out and cut the page off
+            # after its headers. wait_for(…, 0) cancels even a ready message, so it is never asked.
+            left = min(self.read_timeout_s, self.body_timeout_s - waited)
+            since = time.monotonic()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, left))
+                if left <= 0:
+                    raise TimeoutError
+                message = await asyncio.wait_for(receive(), left)
             except TimeoutError:
                 raise Refused(408, "request_timeout", f"the upload did not arrive in time (a read "
                               f"waits {self.read_timeout_s:g} s, the whole body {self.body_timeout_s:g} s)")\
                     from None
+            finally:
+                waited += time.monotonic() - since
             received += len(message.get("body", b""))
             body_done = message["type"] != "http.request" or not message.get("more_body", False)
             if received > self.max_body:

@@ -16,6 +16,7 @@ from funasr_recipe.features.audio import AudioError, decode_audio_bytes
 from funasr_recipe.runtime.onnx_session import collapse_ctc, ctc_spans
 from funasr_recipe.serving import formats
 from funasr_recipe.serving.batcher import DynamicBatcher, QueueFull
+from funasr_recipe.serving.errors import Refused
 from funasr_recipe.serving.guard import Guard
 from funasr_recipe.serving.metrics import ServeMetrics
 from funasr_recipe.serving.segmenter import split_at_pauses
@@ -176,3 +177,65 @@ def test_guard_lets_a_response_outlast_the_read_timeout_once_the_body_is_in() ->
     scope = {"type": "http", "path": "/", "method": "GET", "headers": []}
     asyncio.run(guard(scope, receive, send))
     assert [m.get("body") for m in sent] == [None, b"page"]
+
+
+def _guard_run(app, chunks: list[tuple[float, bytes, bool]]) -> list[dict]:
+    """``app`` behind a Guard (a read 0.25 s, the whole body 0.5 s) over a client that sends ``chunks``
+    as (delay s, bytes, more_body), then stays connected; returns what the client was sent."""
+    sent: list[dict] = []
+    pending = list(chunks)
+
+    async def receive() -> dict:
+        if not pending:
+            await asyncio.Event().wait()
+        delay, body, more = pending.pop(0)
+        await asyncio.sleep(delay)
+        return {"type": "http.request", "body": body, "more_body": more}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    guard = Guard(app, ServeMetrics(lambda: 0), keys=(), max_body=1000, body_timeout_s=0.5,
+                  read_timeout_s=0.25)
+    asyncio.run(guard({"type": "http", "path": "/", "method": "GET", "headers": []}, receive, send))
+    return sent
+
+
+def test_guard_does_not_charge_the_apps_own_time_to_the_clients_body() -> None:
+    """CI cut the page off after its headers again: a loaded machine took longer than the whole body's
+    limit to reach FileResponse's first receive(), and that receive of an empty body, already in hand,
+    was refused. Only the time spent waiting on the client counts."""
+
+    async def app(scope, receive, send) -> None:
+        await asyncio.sleep(0.7)  # the app's own time: over the body's 0.5 s
+        message = await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": message["body"], "more_body": False})
+
+    sent = _guard_run(app, [(0.0, b"", False)])
+    assert [m.get("status", m.get("body")) for m in sent] == [200, b""]
+    sent = _guard_run(app, [(0.0, b"a", True), (0.05, b"b", False)])
+    assert [m.get("status", m.get("body")) for m in sent] == [200, b"a"]
+
+
+def test_guard_still_refuses_a_body_that_trickles_past_its_whole_limit() -> None:
+    """Reads of 0.1 s each, under the 0.25 s a read may take, add up past the body's 0.5 s: a 408
+    after about five of the eight, whatever time the app spends between them."""
+    reads: list[int] = []
+    refused: list[int] = []
+
+    async def app(scope, receive, send) -> None:
+        try:
+            while (await receive()).get("more_body"):
+                reads.append(1)
+                await asyncio.sleep(0.2)  # the app's work between reads: not the client's time
+        except Refused as e:
+            refused.append(e.status_code)
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    _guard_run(app, [(0.1, b"x", True)] * 8)
+    assert refused == [408] and 3 <= len(reads) <= 6, (refused, len(reads))
+    reads.clear(), refused.clear()
+    _guard_run(app, [(0.05, b"x", True)] * 2 + [(0.0, b"x", False)])
+    assert refused == [] and len(reads) == 2
