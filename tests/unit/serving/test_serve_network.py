@@ -28,8 +28,8 @@ from tests.helpers.serve_app import TEXT, encoded, tone
 from tests.helpers.serve_fixtures import serving
 
 KEY = "sk-test-0123456789abcdef"
-SETTINGS = dict(max_upload_mb=1.0, max_duration_s=40.0, segment_s=8.0, header_timeout_s=0.5,
-                read_timeout_s=0.5, body_timeout_s=3.0, max_connections=8)
+SETTINGS = dict(max_upload_mb=1.0, max_duration_s=40.0, segment_s=8.0, header_timeout_s=1.0,
+                read_timeout_s=1.0, body_timeout_s=3.0, max_connections=8)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,7 @@ def test_stalled_headers_and_bodies_are_cut_off(server: tuple) -> None:
     sock.sendall(b"POST /v1/transcriptions HTTP/1.1\r\nHost: x\r\nContent-")  # half the headers
     start = time.monotonic()
     closed, _ = _closed_within(sock, 5)
-    assert closed and time.monotonic() - start < 2.5  # header_timeout_s 0.5
+    assert closed and time.monotonic() - start < 3.0  # header_timeout_s 1.0
     assert counted(url, 'recipe_serve_errors_total{reason="header_timeout"}') == before + 1
     # A body shorter than its Content-Length: a 408 once a read has waited read_timeout_s.
     sock = _raw(url)
@@ -144,7 +144,7 @@ def test_stalled_headers_and_bodies_are_cut_off(server: tuple) -> None:
 
 def test_connections_over_the_limit_are_closed_at_once(server: tuple) -> None:
     url, _ = server
-    time.sleep(1.0)  # the earlier tests' idle connections closed by their header deadline
+    time.sleep(2.0)  # the earlier tests' idle connections closed by their header deadline
     socks = [_raw(url) for _ in range(SETTINGS["max_connections"] + 4)]
     try:
         time.sleep(0.2)  # under header_timeout_s: only the ones over the cap can be closed by now
@@ -153,7 +153,7 @@ def test_connections_over_the_limit_are_closed_at_once(server: tuple) -> None:
     finally:
         for s in socks:
             s.close()
-    time.sleep(1.0)  # the rest, closed by their header deadline
+    time.sleep(2.0)  # the rest, closed by their header deadline
     assert post(client(url), encoded(tone(1.0), 16000)).status_code == 200
 
 
