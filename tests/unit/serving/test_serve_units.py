@@ -149,39 +149,10 @@ def test_decode_audio_bytes_refuses_bad_uploads_by_name() -> None:
         assert e.value.reason == reason and "upload.x" in e.value.detail and "BytesIO" not in e.value.detail
 
 
-def test_guard_lets_a_response_outlast_the_read_timeout_once_the_body_is_in() -> None:
-    """Starlette's FileResponse listens for a disconnect through receive() while it sends; a read
-    deadline there cut the page off mid-body on a loaded machine (headers sent, 0 of 4556 bytes)."""
-    sent: list[dict] = []
-
-    async def app(scope, receive, send) -> None:  # FileResponse's shape: listen while a slow send runs
-        assert (await receive())["more_body"] is False
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        listener = asyncio.create_task(receive())
-        await asyncio.sleep(0.3)  # six read timeouts
-        assert not listener.done(), listener.exception()
-        listener.cancel()
-        await send({"type": "http.response.body", "body": b"page", "more_body": False})
-
-    async def receive() -> dict:
-        if not sent:
-            return {"type": "http.request", "body": b"", "more_body": False}
-        await asyncio.Event().wait()  # the client stays connected
-        raise AssertionError
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    guard = Guard(app, ServeMetrics(lambda: 0), keys=(), max_body=1000, body_timeout_s=0.05,
-                  read_timeout_s=0.05)
-    scope = {"type": "http", "path": "/", "method": "GET", "headers": []}
-    asyncio.run(guard(scope, receive, send))
-    assert [m.get("body") for m in sent] == [None, b"page"]
-
-
-def _guard_run(app, chunks: list[tuple[float, bytes, bool]]) -> list[dict]:
-    """``app`` behind a Guard (a read 0.25 s, the whole body 0.5 s) over a client that sends ``chunks``
-    as (delay s, bytes, more_body), then stays connected; returns what the client was sent."""
+def _guard_run(app, chunks: list[tuple[float, bytes, bool]], read_timeout_s: float = 0.25,
+               body_timeout_s: float = 0.5) -> list[dict]:
+    """``app`` behind a Guard over a client that sends ``chunks`` as (delay s, bytes, more_body), then
+    stays connected; returns what the client was sent."""
     sent: list[dict] = []
     pending = list(chunks)
 
@@ -195,10 +166,27 @@ def _guard_run(app, chunks: list[tuple[float, bytes, bool]]) -> list[dict]:
     async def send(message: dict) -> None:
         sent.append(message)
 
-    guard = Guard(app, ServeMetrics(lambda: 0), keys=(), max_body=1000, body_timeout_s=0.5,
-                  read_timeout_s=0.25)
+    guard = Guard(app, ServeMetrics(lambda: 0), keys=(), max_body=1000, body_timeout_s=body_timeout_s,
+                  read_timeout_s=read_timeout_s)
     asyncio.run(guard({"type": "http", "path": "/", "method": "GET", "headers": []}, receive, send))
     return sent
+
+
+def test_guard_lets_a_response_outlast_the_read_timeout_once_the_body_is_in() -> None:
+    """Starlette's FileResponse listens for a disconnect through receive() while it sends; a read
+    deadline there cut the page off mid-body on a loaded machine (headers sent, 0 of 4556 bytes)."""
+
+    async def app(scope, receive, send) -> None:  # FileResponse's shape: listen while a slow send runs
+        assert (await receive())["more_body"] is False
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        listener = asyncio.create_task(receive())
+        await asyncio.sleep(0.3)  # six read timeouts
+        assert not listener.done(), listener.exception()
+        listener.cancel()
+        await send({"type": "http.response.body", "body": b"page", "more_body": False})
+
+    sent = _guard_run(app, [(0.0, b"", False)], read_timeout_s=0.05, body_timeout_s=0.05)
+    assert [m.get("body") for m in sent] == [None, b"page"]
 
 
 def test_guard_does_not_charge_the_apps_own_time_to_the_clients_body() -> None:
@@ -236,6 +224,7 @@ def test_guard_still_refuses_a_body_that_trickles_past_its_whole_limit() -> None
 
     _guard_run(app, [(0.1, b"x", True)] * 8)
     assert refused == [408] and 3 <= len(reads) <= 6, (refused, len(reads))
-    reads.clear(), refused.clear()
+    reads.clear()
+    refused.clear()
     _guard_run(app, [(0.05, b"x", True)] * 2 + [(0.0, b"x", False)])
     assert refused == [] and len(reads) == 2
